@@ -1,0 +1,5 @@
+"""``python -m netdiag``."""
+
+from netdiag.cli import main
+
+main()

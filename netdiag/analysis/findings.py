@@ -1,0 +1,132 @@
+"""Plain-words findings from the summary, each with its threshold and evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from netdiag.analysis.stats import quantile
+from netdiag.analysis.summary import SummaryBuilder
+from netdiag.records import Finding
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Limits beyond which a figure becomes a finding (all overridable on the CLI)."""
+
+    dns_slow_ms: float = 100.0
+    """A DNS answer slower than this is slow."""
+    dns_unanswered_max: float = 0.0
+    """Share of unanswered DNS transactions tolerated (0: any is reported)."""
+    rtt_slow_ms: float = 100.0
+    """A TCP handshake RTT above this is slow."""
+    tls_slow_ms: float = 200.0
+    """A TLS handshake longer than this is slow."""
+    ttfb_slow_ms: float = 1000.0
+    """A time to first byte longer than this is slow."""
+    reuse_min: float = 0.8
+    """Connection reuse below this (with enough requests) is low."""
+    reuse_min_requests: int = 5
+    """Reuse is judged only with at least this many requests."""
+    retrans_max: float = 0.01
+    """Retransmitted segments above this share of TCP packets are reported."""
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f} ms" if x < 1000 else f"{x / 1000:.2f} s"
+
+
+def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
+                   warnings: int = 0) -> list[Finding]:
+    """Every finding the summary supports, most severe first."""
+    out: list[Finding] = []
+    if truncated:
+        out.append(Finding(
+            "critical", "capture-truncated", "The capture is damaged or cut short",
+            "Everything before the damage is reported; see capture.warnings for where it "
+            "stopped. Figures near the end may be incomplete.", []))
+    slow_dns = [(v, lab) for v, lab in s.dns_slowest.items() if v > t.dns_slow_ms]
+    if slow_dns:
+        n = sum(1 for v in s.dns_latency if v > t.dns_slow_ms)
+        out.append(Finding(
+            "warning", "slow-dns",
+            f"{n} DNS answer{'s' if n != 1 else ''} took longer than {_ms(t.dns_slow_ms)}",
+            f"Slowest: {_ms(slow_dns[0][0])} for {slow_dns[0][1]}. Median DNS latency is "
+            f"{_ms(quantile(sorted(s.dns_latency), 0.5))}. Look at the resolver named.",
+            [lab for _v, lab in slow_dns]))
+    if s.dns_total and s.dns_unanswered / s.dns_total > t.dns_unanswered_max:
+        share = s.dns_unanswered / s.dns_total
+        out.append(Finding(
+            "critical" if share > 0.1 else "warning", "unanswered-dns",
+            f"{s.dns_unanswered} of {s.dns_total} DNS queries got no answer ({_pct(share)})",
+            f"{s.dns_retransmissions} query retransmissions were seen. A client waits its "
+            "resolver timeout (often 1-5 s) for each of these.", s.dns_unanswered_examples))
+    if s.dns_failed_examples:
+        out.append(Finding(
+            "warning", "dns-errors", f"{len(s.dns_failed_examples)} DNS answers were errors",
+            "Responses with SERVFAIL, REFUSED or similar rcodes: " +
+            ", ".join(f"{k} {v}" for k, v in s.dns_rcodes.items() if k not in ("NOERROR",)),
+            s.dns_failed_examples))
+    slow_rtt = [(v, lab) for v, lab in s.tcp_slowest_rtt.items() if v > t.rtt_slow_ms]
+    if slow_rtt:
+        out.append(Finding(
+            "warning", "slow-tcp-handshake",
+            f"TCP handshakes up to {_ms(slow_rtt[0][0])} (threshold {_ms(t.rtt_slow_ms)})",
+            "The network round trip itself is slow on these connections (SYN to the "
+            "handshake's final ACK); every request on them pays it again.",
+            [lab for _v, lab in slow_rtt]))
+    slow_tls = [(v, lab) for v, lab in s.tls_slowest.items() if v > t.tls_slow_ms]
+    if slow_tls:
+        n = sum(1 for v in s.tls_ms if v > t.tls_slow_ms)
+        out.append(Finding(
+            "warning", "slow-tls-handshake",
+            f"{n} TLS handshake{'s' if n != 1 else ''} took longer than {_ms(t.tls_slow_ms)}",
+            f"Slowest {_ms(slow_tls[0][0])} ({slow_tls[0][1]}); median "
+            f"{_ms(quantile(sorted(s.tls_ms), 0.5))}. Slow handshakes point at the TLS "
+            "terminator (CPU, OCSP, certificate chain) or at round trips.",
+            [lab for _v, lab in slow_tls]))
+    if s.tls_alerts:
+        out.append(Finding(
+            "warning", "tls-alerts", f"{len(s.tls_alerts)} connection(s) ended with a fatal "
+            "TLS alert", "; ".join(s.tls_alerts), [a.split(":")[0] for a in s.tls_alerts]))
+    rate = s.reuse_rate
+    if rate is not None and s.http_requests >= t.reuse_min_requests and rate < t.reuse_min:
+        new_share = s.http_connections / s.http_requests
+        est = " (estimated from encrypted records)" if s.http_estimated else ""
+        out.append(Finding(
+            "warning", "low-connection-reuse",
+            f"{_pct(new_share)} of requests opened a new connection{est}",
+            f"Connection reuse is {_pct(rate)} ({s.http_requests} requests on "
+            f"{s.http_connections} connections), below {_pct(t.reuse_min)}: each new "
+            "connection pays a TCP and TLS handshake before its request.",
+            s.http_single_request_conns[:20]))
+    slow_ttfb = [(v, lab) for v, lab in s.http_slowest_ttfb.items() if v > t.ttfb_slow_ms]
+    if slow_ttfb:
+        out.append(Finding(
+            "warning", "slow-ttfb",
+            f"Time to first byte up to {_ms(slow_ttfb[0][0])} "
+            f"(threshold {_ms(t.ttfb_slow_ms)})",
+            "The server (or a layer in front of it) took long to start answering.",
+            [lab for _v, lab in slow_ttfb]))
+    if s.tcp_retransmissions and s.tcp_packets:
+        share = s.tcp_retransmissions / s.tcp_packets
+        if share > t.retrans_max:
+            out.append(Finding(
+                "critical" if share > 0.05 else "warning", "retransmissions",
+                f"{s.tcp_retransmissions} TCP retransmissions ({_pct(share)} of TCP packets)",
+                "Packet loss or heavy reordering; retransmissions add at least one round "
+                "trip, often a retransmission timeout, to the requests they hit.",
+                [lab for _v, lab in s.tcp_retrans_conns.items()]))
+    if s.tcp_reset_conns:
+        out.append(Finding(
+            "warning", "connection-resets",
+            f"{len(s.tcp_reset_conns)} connection(s) were reset",
+            "A RST ends a connection abruptly: look for a peer or middlebox closing "
+            "connections (idle timeouts, load balancer drains, crashes).",
+            s.tcp_reset_conns[:20]))
+    order = {"critical": 0, "warning": 1, "info": 2}
+    out.sort(key=lambda f: order.get(f.severity, 3))
+    return out

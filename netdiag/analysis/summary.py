@@ -1,0 +1,230 @@
+"""Summary figures built incrementally from records as they stream past.
+
+Only numbers (and a few top-k lists for evidence) are kept, so a summary of a
+multi-gigabyte capture costs memory per connection, not per packet.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from netdiag.analysis.stats import percentiles
+from netdiag.records import Connection, DnsTransaction, ns_to_ms
+
+TOP_K = 10
+"""How many worst offenders are kept as evidence per category."""
+
+
+@dataclass(slots=True)
+class _Top:
+    """The ``k`` largest values seen, with a label each (e.g. a connection id)."""
+
+    k: int = TOP_K
+    heap: list[tuple[float, int, str, Any]] = field(default_factory=list)
+    n: int = 0
+
+    def add(self, value: float, label: str, payload: Any = None) -> None:
+        self.n += 1
+        item = (value, -self.n, label, payload)
+        if len(self.heap) < self.k:
+            heapq.heappush(self.heap, item)
+        elif item > self.heap[0]:
+            heapq.heapreplace(self.heap, item)
+
+    def items(self) -> list[tuple[float, str]]:
+        """``(value, label)`` pairs, largest first."""
+        return [(v, lab) for v, _n, lab, _p in sorted(self.heap, reverse=True)]
+
+    def payloads(self) -> list[Any]:
+        """The payloads kept with the values, largest value first."""
+        return [p for _v, _n, _lab, p in sorted(self.heap, reverse=True)]
+
+
+@dataclass
+class SummaryBuilder:
+    """Accumulates what the summary, the findings and the terminal report need."""
+
+    dns_latency: list[float] = field(default_factory=list)
+    dns_total: int = 0
+    dns_unanswered: int = 0
+    dns_retransmissions: int = 0
+    dns_duplicates: int = 0
+    dns_rcodes: Counter[str] = field(default_factory=Counter)
+    dns_slowest: _Top = field(default_factory=_Top)
+    dns_unanswered_examples: list[str] = field(default_factory=list)
+    dns_failed_examples: list[str] = field(default_factory=list)
+
+    tcp_connections: int = 0
+    tcp_rtt: list[float] = field(default_factory=list)
+    tcp_retransmissions: int = 0
+    tcp_resets: int = 0
+    tcp_reset_conns: list[str] = field(default_factory=list)
+    tcp_retrans_conns: _Top = field(default_factory=_Top)
+    tcp_packets: int = 0
+    tcp_lost_bytes: int = 0
+    tcp_slowest_rtt: _Top = field(default_factory=_Top)
+
+    tls_handshakes: int = 0
+    tls_ms: list[float] = field(default_factory=list)
+    tls_resumed: int = 0
+    tls_hrr: int = 0
+    tls_versions: Counter[str] = field(default_factory=Counter)
+    tls_alpn: Counter[str] = field(default_factory=Counter)
+    tls_decrypted: int = 0
+    tls_slowest: _Top = field(default_factory=_Top)
+    tls_alerts: list[str] = field(default_factory=list)
+
+    http_requests: int = 0
+    http_connections: int = 0
+    http_per_conn: list[float] = field(default_factory=list)
+    http_ttfb: list[float] = field(default_factory=list)
+    http_ttlb: list[float] = field(default_factory=list)
+    http_protocols: Counter[str] = field(default_factory=Counter)
+    http_estimated: bool = False
+    http_single_request_conns: list[str] = field(default_factory=list)
+    http_slowest_ttfb: _Top = field(default_factory=_Top)
+    slowest_connections: _Top = field(default_factory=_Top)
+
+    def add_dns(self, t: DnsTransaction) -> None:
+        """Count one finished DNS transaction."""
+        self.dns_total += 1
+        self.dns_retransmissions += t.retransmissions
+        self.dns_duplicates += max(0, t.responses - 1)
+        label = f"{t.qname} {t.qtype} via {t.server}"
+        lat = t.latency_ns
+        if lat is None:
+            self.dns_unanswered += 1
+            if len(self.dns_unanswered_examples) < TOP_K:
+                self.dns_unanswered_examples.append(label)
+            return
+        ms = lat / 1e6
+        self.dns_latency.append(ms)
+        self.dns_slowest.add(ms, label)
+        if t.rcode:
+            self.dns_rcodes[t.rcode] += 1
+            if t.rcode not in ("NOERROR", "NXDOMAIN") and len(self.dns_failed_examples) < TOP_K:
+                self.dns_failed_examples.append(f"{label}: {t.rcode}")
+
+    def add_connection(self, c: Connection) -> None:
+        """Count one finished connection and its requests."""
+        self.tcp_connections += 1
+        self.tcp_packets += c.packets
+        self.tcp_lost_bytes += c.lost_bytes
+        if c.syn_ns is not None and c.handshake_ack_ns is not None:
+            rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
+            self.tcp_rtt.append(rtt)
+            self.tcp_slowest_rtt.add(rtt, c.id)
+        self.tcp_retransmissions += c.retransmissions
+        if c.retransmissions:
+            self.tcp_retrans_conns.add(c.retransmissions, c.id)
+        self.tcp_resets += c.resets
+        if c.resets and len(self.tcp_reset_conns) < 1000:
+            self.tcp_reset_conns.append(c.id)
+        tls = c.tls
+        if tls is not None and tls.client_hello_ns is not None:
+            self.tls_handshakes += 1
+            self.tls_versions[tls.version or "unknown"] += 1
+            if tls.alpn:
+                self.tls_alpn[tls.alpn] += 1
+            if tls.resumed:
+                self.tls_resumed += 1
+            if tls.hello_retry:
+                self.tls_hrr += 1
+            if tls.decrypted:
+                self.tls_decrypted += 1
+            hs = ns_to_ms(tls.handshake_ns)
+            if hs is not None:
+                self.tls_ms.append(hs)
+                self.tls_slowest.add(hs, c.id)
+            if tls.alert and tls.alert.startswith("fatal") and len(self.tls_alerts) < TOP_K:
+                self.tls_alerts.append(f"{c.id}: {tls.alert}")
+        reqs = c.requests
+        if reqs:
+            self.http_requests += len(reqs)
+            self.http_connections += 1
+            self.http_per_conn.append(float(len(reqs)))
+            if len(reqs) == 1 and len(self.http_single_request_conns) < 1000:
+                self.http_single_request_conns.append(c.id)
+            self.http_protocols[c.protocol or "unknown"] += len(reqs)
+            worst = None
+            for r in reqs:
+                if r.estimated:
+                    self.http_estimated = True
+                if r.first_byte_ns is not None:
+                    ms = (r.first_byte_ns - r.ts_ns) / 1e6
+                    self.http_ttfb.append(ms)
+                    worst = ms if worst is None else max(worst, ms)
+                if r.last_byte_ns is not None:
+                    self.http_ttlb.append((r.last_byte_ns - r.ts_ns) / 1e6)
+            if worst is not None:
+                self.http_slowest_ttfb.add(worst, c.id)
+        row = slow_row(c)
+        self.slowest_connections.add(row["worst_ms"], c.id, row)
+
+    @property
+    def reuse_rate(self) -> float | None:
+        """``(requests - connections_with_requests) / requests``, None without requests."""
+        if not self.http_requests:
+            return None
+        return (self.http_requests - self.http_connections) / self.http_requests
+
+    def build(self) -> dict[str, Any]:
+        """The contract's ``summary`` object."""
+        return {
+            "dns": {
+                "transactions": self.dns_total,
+                "answered": self.dns_total - self.dns_unanswered,
+                "unanswered": self.dns_unanswered,
+                "latency_ms": percentiles(self.dns_latency),
+                "retransmissions": self.dns_retransmissions,
+                "duplicate_responses": self.dns_duplicates,
+                "rcodes": dict(self.dns_rcodes),
+            },
+            "tcp": {
+                "connections": self.tcp_connections,
+                "handshake_rtt_ms": percentiles(self.tcp_rtt),
+                "retransmissions": self.tcp_retransmissions,
+                "resets": self.tcp_resets,
+                "reset_connections": len(self.tcp_reset_conns),
+                "lost_bytes": self.tcp_lost_bytes,
+            },
+            "tls": {
+                "handshakes": self.tls_handshakes,
+                "handshake_ms": percentiles(self.tls_ms),
+                "resumed": self.tls_resumed,
+                "hello_retry": self.tls_hrr,
+                "versions": dict(self.tls_versions),
+                "alpn": dict(self.tls_alpn),
+                "decrypted": self.tls_decrypted,
+            },
+            "http": {
+                "requests": self.http_requests,
+                "connections": self.http_connections,
+                "reuse_rate": self.reuse_rate,
+                "requests_per_connection": percentiles(self.http_per_conn),
+                "ttfb_ms": percentiles(self.http_ttfb),
+                "ttlb_ms": percentiles(self.http_ttlb),
+                "protocols": dict(self.http_protocols),
+                "estimated": self.http_estimated,
+            },
+            "paths": {},
+        }
+
+
+def slow_row(c: Connection) -> dict[str, Any]:
+    """What the terminal shows of a connection among the slowest ones."""
+    rtt = None
+    if c.syn_ns is not None and c.handshake_ack_ns is not None:
+        rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
+    tls_ms = ns_to_ms(c.tls.handshake_ns) if c.tls is not None else None
+    ttfbs = [(r.first_byte_ns - r.ts_ns) / 1e6 for r in c.requests if r.first_byte_ns is not None]
+    ttfb = max(ttfbs) if ttfbs else None
+    worst = max(v for v in (rtt, tls_ms, ttfb, 0.0) if v is not None)
+    return {"id": c.id, "client": c.client, "server": c.server,
+            "sni": c.tls.sni if c.tls is not None else None, "protocol": c.protocol,
+            "rtt_ms": rtt, "tls_ms": tls_ms, "ttfb_ms": ttfb, "requests": len(c.requests),
+            "retransmissions": c.retransmissions, "resets": c.resets, "worst_ms": worst,
+            "estimated": any(r.estimated for r in c.requests)}

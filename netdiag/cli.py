@@ -1,0 +1,153 @@
+"""The ``netdiag`` command line: thin click commands over one pipeline call.
+
+Exit status: 0 every capture read to its end; 1 input error (one line on stderr);
+2 usage error; 3 a capture is damaged or truncated (everything before the damage
+is reported); 4 internal error (a bug: set NETDIAG_DEBUG=1 for the traceback);
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import IO, Any
+
+import click
+
+from netdiag import __version__
+from netdiag.errors import NetdiagError
+
+EXIT_TRUNCATED = 3
+EXIT_INTERNAL = 4
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="netdiag")
+def cli() -> None:
+    """Where the time goes between a client and an HTTPS API, from packets."""
+
+
+@cli.command()
+@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "jsonl"]), default="text",
+              show_default=True, help="Terminal report, one JSON document, or JSON Lines.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report here instead of standard output.")
+@click.option("--dns-slow-ms", type=float, default=100.0, show_default=True,
+              help="DNS answers slower than this are a finding.")
+@click.option("--rtt-slow-ms", type=float, default=100.0, show_default=True,
+              help="TCP handshakes slower than this are a finding.")
+@click.option("--tls-slow-ms", type=float, default=200.0, show_default=True,
+              help="TLS handshakes slower than this are a finding.")
+@click.option("--ttfb-slow-ms", type=float, default=1000.0, show_default=True,
+              help="Times to first byte longer than this are a finding.")
+@click.option("--reuse-min", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+              help="Connection reuse below this share is a finding.")
+@click.option("--retrans-max", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="Retransmissions above this share of TCP packets are a finding.")
+@click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
+              help="Also parse this port as DNS (53 always is). Repeatable.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
+           rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
+           retrans_max: float, dns_ports: tuple[int, ...], progress: bool | None) -> None:
+    """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
+    from netdiag.analysis.findings import Thresholds
+    from netdiag.pipeline import Options
+
+    thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
+                            tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
+                            reuse_min=reuse_min, retrans_max=retrans_max)
+    options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}))
+    out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+    try:
+        truncated = _run_report(list(captures), fmt, options, out, progress)
+    finally:
+        if output:
+            out.close()
+    if truncated:
+        sys.exit(EXIT_TRUNCATED)
+
+
+def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
+                progress: bool | None) -> bool:
+    from netdiag.pipeline import analyze
+    from netdiag.report.records_out import CollectingSink, JsonlSink
+
+    err = _stderr_console()
+    show_progress = err.is_terminal if progress is None else progress
+    bar = None
+    if show_progress:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        bar = Progress("[progress.description]{task.description}", BarColumn(),
+                       DownloadColumn(), TimeRemainingColumn(), console=err, transient=True)
+        task = bar.add_task("reading", total=None)
+
+        def _update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total or None)
+
+        options.progress = _update
+        bar.start()
+    try:
+        if fmt == "jsonl":
+            jsink = JsonlSink(out)
+            result = analyze(captures, jsink, options)
+            jsink.end(result)
+        else:
+            csink = CollectingSink()
+            result = analyze(captures, csink, options)
+            if fmt == "json":
+                json.dump(csink.document(result), out, indent=2)
+                out.write("\n")
+            else:
+                from rich.console import Console
+
+                from netdiag.report.terminal import render
+
+                render(result, Console(file=out) if out is not sys.stdout else Console())
+    finally:
+        if bar is not None:
+            bar.stop()
+    for w in result.capture.warnings:
+        if w.kind == "capture":
+            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    return result.capture.truncated
+
+
+def main() -> None:
+    """Console-script entry point: maps errors to exit codes, never a traceback for bad input."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("netdiag: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except NetdiagError as e:
+        click.echo(f"netdiag: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("netdiag: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()
+        sys.exit(0)
+    except SystemExit:
+        raise
+    except Exception as e:
+        if os.environ.get("NETDIAG_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"netdiag: internal error: {type(e).__name__}: {e} "
+                   "(set NETDIAG_DEBUG=1 for details; please report it)", err=True)
+        sys.exit(EXIT_INTERNAL)

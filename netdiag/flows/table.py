@@ -1,0 +1,283 @@
+"""The per-packet scan: link, IP and transport headers at fixed offsets, and the flow table.
+
+This is the hot path. It decodes only what the flow layer needs with plain byte
+indexing into int locals, keeps one dict entry per flow direction (a 12- or 36-byte
+key of addresses and ports), and hands UDP port-53 payloads and TCP segments on.
+Everything else about a packet is ignored.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable
+
+from netdiag.capture import linktypes as lt
+from netdiag.flows.defrag import Defragmenter
+from netdiag.flows.tcp import ACK, SYN, TcpFlow
+from netdiag.protocols.base import StreamAnalyzer
+from netdiag.records import Connection, Warning_, endpoint
+
+SWEEP_EVERY = 1 << 15
+"""Packets between two sweeps of idle flows."""
+IDLE_TIMEOUT_NS = 300 * 1_000_000_000
+"""An open connection with no packet for this long is finished (``close: idle``)."""
+CLOSED_LINGER_NS = 5 * 1_000_000_000
+"""A connection that ended with FIN or RST stays in the table this long for late ACKs."""
+WELL_KNOWN_SERVER_PORTS = frozenset({
+    22, 25, 53, 80, 110, 143, 443, 465, 587, 853, 993, 995, 1080, 3128, 3306, 5432,
+    6379, 8000, 8008, 8080, 8443, 8888, 9000, 9090, 9200, 9443, 11211, 27017,
+})
+"""Ports taken as the server side when a connection's SYN was not captured."""
+
+ETH_VLAN = (0x8100, 0x88A8, 0x9100)
+IPV6_EXT = (0, 43, 60, 51)
+
+UdpHandler = Callable[[int, str, str, bytes, int], None]
+Decider = Callable[[TcpFlow, bytes], "StreamAnalyzer | None"]
+ConnectionSink = Callable[[TcpFlow], None]
+
+
+def _ntop(addr: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET if len(addr) == 4 else socket.AF_INET6, addr)
+
+
+class FlowTable:
+    """Scans packets and maintains the TCP flow table."""
+
+    def __init__(self, decide: Decider, on_connection: ConnectionSink,
+                 on_dns_udp: UdpHandler, dns_ports: frozenset[int] = frozenset({53})) -> None:
+        self.decide = decide
+        self.on_connection = on_connection
+        self.on_dns_udp = on_dns_udp
+        self.dns_ports = dns_ports
+        self.flows: dict[bytes, tuple[TcpFlow, int]] = {}
+        self.defrag = Defragmenter()
+        self.connections = 0
+        self.packets = 0
+        """Packets scanned (all files)."""
+        self.undecoded = 0
+        """Packets that were not IP/TCP/UDP or too short to decode."""
+        self.link_unknown: set[int] = set()
+        self.warnings: list[Warning_] = []
+        self.now_ns = 0
+        self.first_ns: int | None = None
+        """Earliest packet time scanned."""
+        self.last_ns: int | None = None
+        """Latest packet time scanned."""
+        self.sweep_hooks: list[Callable[[int], None]] = []
+        """Called with the current capture time at every sweep (DNS expiry, ...)."""
+
+    # -- scanning ---------------------------------------------------------------------
+    def scan(self, packets: Iterable[tuple[int, int, bytes, int]], first_number: int = 1) -> None:
+        """Feed ``(ts_ns, linktype, data, wire_len)`` tuples, numbered from ``first_number``."""
+        pkt = first_number - 1
+        next_sweep = self.packets + SWEEP_EVERY
+        tcp = self._tcp
+        udp = self._udp
+        first = self.first_ns if self.first_ns is not None else 1 << 62
+        last = self.last_ns if self.last_ns is not None else -(1 << 62)
+        ts = 0
+        for ts, ltype, data, _wire in packets:
+            pkt += 1
+            if ts > last:
+                last = ts
+            if ts < first:
+                first = ts
+            self.packets += 1
+            if self.packets >= next_sweep:
+                next_sweep = self.packets + SWEEP_EVERY
+                self.sweep(ts)
+            try:
+                if ltype == 1:
+                    et = (data[12] << 8) | data[13]
+                    off = 14
+                    while et in ETH_VLAN:
+                        et = (data[off + 2] << 8) | data[off + 3]
+                        off += 4
+                elif ltype == lt.LINKTYPE_LINUX_SLL:
+                    et = (data[14] << 8) | data[15]
+                    off = 16
+                elif ltype == lt.LINKTYPE_LINUX_SLL2:
+                    et = (data[0] << 8) | data[1]
+                    off = 20
+                elif ltype == lt.LINKTYPE_NULL or ltype == lt.LINKTYPE_LOOP:
+                    fam = int.from_bytes(data[0:4], "big")
+                    if fam > 0xFFFF:
+                        fam = int.from_bytes(data[0:4], "little")
+                    et = 0x0800 if fam == 2 else 0x86DD if fam in (10, 23, 24, 28, 30) else 0
+                    off = 4
+                elif ltype == lt.LINKTYPE_RAW:
+                    v = data[0] >> 4
+                    et = 0x0800 if v == 4 else 0x86DD if v == 6 else 0
+                    off = 0
+                elif ltype == lt.LINKTYPE_IPV4:
+                    et, off = 0x0800, 0
+                elif ltype == lt.LINKTYPE_IPV6:
+                    et, off = 0x86DD, 0
+                else:
+                    self.link_unknown.add(ltype)
+                    self.undecoded += 1
+                    continue
+                if et == 0x0800:
+                    vihl = data[off]
+                    if vihl >> 4 != 4:
+                        self.undecoded += 1
+                        continue
+                    tot = (data[off + 2] << 8) | data[off + 3]
+                    end = off + tot if tot else len(data)
+                    if end > len(data):
+                        end = len(data)
+                    proto = data[off + 9]
+                    l4 = off + ((vihl & 15) << 2)
+                    frag = (data[off + 6] << 8) | data[off + 7]
+                    if frag & 0x3FFF:
+                        whole = self.defrag.add(
+                            ts, data[off + 12:off + 16], data[off + 16:off + 20],
+                            (data[off + 4] << 8) | data[off + 5], proto,
+                            (frag & 0x1FFF) << 3, bool(frag & 0x2000), data[l4:end])
+                        if whole is None:
+                            continue
+                        hdr = data[off + 12:off + 20]
+                        data = hdr + whole
+                        l4, end, addr = 8, 8 + len(whole), hdr
+                    else:
+                        addr = data[off + 12:off + 20]
+                    alen = 4
+                elif et == 0x86DD:
+                    plen = (data[off + 4] << 8) | data[off + 5]
+                    end = off + 40 + plen if plen else len(data)
+                    if end > len(data):
+                        end = len(data)
+                    proto = data[off + 6]
+                    l4 = off + 40
+                    addr = data[off + 8:off + 40]
+                    alen = 16
+                    while proto in IPV6_EXT or proto == 44:
+                        if proto == 44:
+                            fo = (data[l4 + 2] << 8) | data[l4 + 3]
+                            nproto = data[l4]
+                            ident = int.from_bytes(data[l4 + 4:l4 + 8], "big")
+                            if fo & 0xFFF9 == 0:  # atomic fragment: offset 0, no MF
+                                proto = nproto
+                                l4 += 8
+                                continue
+                            whole = self.defrag.add(ts, addr[:16], addr[16:], ident, nproto,
+                                                    fo & 0xFFF8, bool(fo & 1), data[l4 + 8:end])
+                            if whole is None:
+                                break
+                            data = addr + whole
+                            l4, end, proto = 32, 32 + len(whole), nproto
+                            break
+                        nproto = data[l4]
+                        hl = (data[l4 + 1] + 2) << 2 if proto == 51 else (data[l4 + 1] + 1) << 3
+                        proto = nproto
+                        l4 += hl
+                    if proto == 44:
+                        continue
+                else:
+                    self.undecoded += 1
+                    continue
+                if proto == 6:
+                    tcp(ts, data, addr, alen, l4, end, pkt)
+                elif proto == 17:
+                    udp(ts, data, addr, alen, l4, end, pkt)
+            except IndexError:
+                self.undecoded += 1
+        if pkt >= first_number:
+            self.first_ns, self.last_ns = first, last
+            self.now_ns = max(self.now_ns, last)
+
+    def _udp(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, end: int,
+             pkt: int) -> None:
+        sport = (data[l4] << 8) | data[l4 + 1]
+        dport = (data[l4 + 2] << 8) | data[l4 + 3]
+        ports = self.dns_ports
+        if sport in ports or dport in ports:
+            src = endpoint(_ntop(addr[:alen]), sport)
+            dst = endpoint(_ntop(addr[alen:]), dport)
+            self.on_dns_udp(ts, src, dst, bytes(data[l4 + 8:end]), pkt)
+
+    def _tcp(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, end: int,
+             pkt: int) -> None:
+        flags = data[l4 + 13]
+        key = addr + data[l4:l4 + 4]
+        entry = self.flows.get(key)
+        seq = int.from_bytes(data[l4 + 4:l4 + 8], "big")
+        if entry is None or (flags & SYN and not flags & ACK and self._new_syn(entry, seq)):
+            if entry is not None:
+                self._finish(entry[0], ts, "reused")
+            entry = self._new_flow(ts, data, addr, alen, l4, flags, key)
+        flow, d = entry
+        doff = (data[l4 + 12] >> 4) << 2
+        start = l4 + doff
+        flow.packet(d, ts, flags, seq, data[start:end] if end > start else b"", pkt)
+
+    @staticmethod
+    def _new_syn(entry: tuple[TcpFlow, int], seq: int) -> bool:
+        """A SYN on a known flow is a new connection unless it repeats the client's SYN."""
+        flow, d = entry
+        return d != 0 or flow.conn.syn_ns is None or flow.client_isn != seq
+
+    def _new_flow(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, flags: int,
+                  key: bytes) -> tuple[TcpFlow, int]:
+        sport = (data[l4] << 8) | data[l4 + 1]
+        dport = (data[l4 + 2] << 8) | data[l4 + 3]
+        if flags & SYN:
+            sender_is_client = not flags & ACK
+        elif dport in WELL_KNOWN_SERVER_PORTS and sport not in WELL_KNOWN_SERVER_PORTS:
+            sender_is_client = True
+        elif sport in WELL_KNOWN_SERVER_PORTS and dport not in WELL_KNOWN_SERVER_PORTS:
+            sender_is_client = False
+        else:
+            sender_is_client = sport >= dport
+        src = endpoint(_ntop(addr[:alen]), sport)
+        dst = endpoint(_ntop(addr[alen:]), dport)
+        self.connections += 1
+        client, server = (src, dst) if sender_is_client else (dst, src)
+        conn = Connection(id=f"C{self.connections}", ts_ns=ts, client=client, server=server,
+                          last_ns=ts)
+        flow = TcpFlow(conn, self.decide)
+        rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
+        d = 0 if sender_is_client else 1
+        flow.keys = (key, rkey)
+        entry = (flow, d)
+        self.flows[key] = entry
+        self.flows[rkey] = (flow, 1 - d)
+        return entry
+
+    # -- expiry -----------------------------------------------------------------------
+    def sweep(self, now_ns: int) -> None:
+        """Finish connections idle too long, or closed and lingering; expire other state."""
+        self.now_ns = now_ns
+        done: list[bytes] = []
+        for key, (flow, d) in self.flows.items():
+            if d != 0:
+                continue
+            conn = flow.conn
+            idle = now_ns - conn.last_ns
+            if idle > IDLE_TIMEOUT_NS or (conn.close != "open" and idle > CLOSED_LINGER_NS):
+                done.append(key)
+        for key in done:
+            flow = self.flows[key][0]
+            self._finish(flow, now_ns, "idle")
+        self.defrag.expire(now_ns)
+        for hook in self.sweep_hooks:
+            hook(now_ns)
+
+    def _finish(self, flow: TcpFlow, ts: int, reason: str) -> None:
+        for key in flow.keys:
+            entry = self.flows.get(key)
+            if entry is not None and entry[0] is flow:
+                del self.flows[key]
+        flow.finish(ts, reason)
+        self.on_connection(flow)
+
+    def finish_all(self) -> None:
+        """End of input: finish every connection still in the table."""
+        seen: set[int] = set()
+        for flow, _d in list(self.flows.values()):
+            if id(flow) in seen:
+                continue
+            seen.add(id(flow))
+            self._finish(flow, flow.conn.last_ns, "open")
+

@@ -1,0 +1,205 @@
+"""One pipeline from capture files to records: read, scan, analyze, summarize.
+
+``analyze`` is the only entry point the CLI needs. Records are handed to a
+:class:`Sink` as soon as they are complete (DNS transactions when answered or
+expired, connections when closed or idle), so a streaming output holds nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, Protocol
+
+from netdiag.analysis.findings import Thresholds, build_findings
+from netdiag.analysis.summary import SummaryBuilder
+from netdiag.capture.linktypes import linktype_name
+from netdiag.capture.reader import CaptureReader
+from netdiag.flows.table import FlowTable
+from netdiag.flows.tcp import TcpFlow
+from netdiag.protocols.base import StreamAnalyzer
+from netdiag.protocols.dns import DnsAnalyzer
+from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
+from netdiag.records import Connection, DnsTransaction, Finding, Warning_, ns_to_ts
+
+MAX_WARNINGS = 200
+"""Protocol warnings kept in the report; the rest are only counted."""
+HTTP1_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ",
+                 b"CONNECT ", b"TRACE ")
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+class Sink(Protocol):
+    """Where finished records go."""
+
+    def dns(self, t: DnsTransaction) -> None:
+        """A finished DNS transaction."""
+
+    def connection(self, c: Connection) -> None:
+        """A finished connection, with its requests."""
+
+
+@dataclass
+class Options:
+    """What a report run may be told."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    """Finding thresholds."""
+    dns_ports: frozenset[int] = frozenset({53})
+    """Ports whose UDP and TCP traffic is parsed as DNS."""
+    progress: Callable[[int, int], None] | None = None
+    """Called now and then with (bytes done, bytes total) over all files."""
+
+
+@dataclass
+class CaptureFacts:
+    """The contract's ``capture`` object, and what else a report needs about the input."""
+
+    files: list[str] = field(default_factory=list)
+    packets: int = 0
+    bytes: int = 0
+    first_ns: int | None = None
+    last_ns: int | None = None
+    link_types: list[str] = field(default_factory=list)
+    truncated: bool = False
+    warnings: list[Warning_] = field(default_factory=list)
+    warnings_dropped: int = 0
+    secrets: list[tuple[int, bytes]] = field(default_factory=list)
+    undecoded: int = 0
+
+    def warn(self, w: Warning_) -> None:
+        """Keep a warning, or count it once the list is long enough."""
+        if len(self.warnings) < MAX_WARNINGS or w.kind == "capture":
+            self.warnings.append(w)
+        else:
+            self.warnings_dropped += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": self.files, "packets": self.packets, "bytes": self.bytes,
+            "first_ts": ns_to_ts(self.first_ns), "last_ts": ns_to_ts(self.last_ns),
+            "duration_ms": (None if self.first_ns is None or self.last_ns is None
+                            else (self.last_ns - self.first_ns) / 1e6),
+            "link_types": self.link_types, "truncated": self.truncated,
+            "warnings": [w.to_json() for w in self.warnings],
+            "warnings_dropped": self.warnings_dropped,
+            "undecoded_packets": self.undecoded,
+        }
+
+
+@dataclass
+class Result:
+    """Everything a formatter needs once the input is consumed."""
+
+    capture: CaptureFacts
+    summary: SummaryBuilder
+    findings: list[Finding]
+    thresholds: Thresholds
+
+    def summary_json(self) -> dict[str, Any]:
+        return self.summary.build()
+
+
+def _port(ep: str) -> int:
+    return int(ep.rpartition(":")[2])
+
+
+class _Run:
+    """State of one ``analyze`` call."""
+
+    def __init__(self, sink: Sink, options: Options, facts: CaptureFacts) -> None:
+        self.sink = sink
+        self.options = options
+        self.facts = facts
+        self.summary = SummaryBuilder()
+        self.dns = DnsAnalyzer(self._on_dns)
+        self.table = FlowTable(self._decide, self._on_connection, self.dns.on_udp,
+                               options.dns_ports)
+        self.table.sweep_hooks.append(self.dns.expire)
+
+    def _on_dns(self, t: DnsTransaction) -> None:
+        self.summary.add_dns(t)
+        self.sink.dns(t)
+
+    def _decide(self, flow: TcpFlow, first: bytes) -> StreamAnalyzer | None:
+        conn = flow.conn
+        ports = self.options.dns_ports
+        if _port(conn.server) in ports or _port(conn.client) in ports:
+            conn.protocol = "dns"
+            return self.dns.tcp_stream(conn.client, conn.server)
+        if looks_like_tls(first):
+            tls = TlsAnalyzer()
+            conn.tls = tls.info
+            conn.protocol = "tls"
+            return tls
+        if first.startswith(H2_PREFACE[:14]):
+            conn.protocol = "h2c"
+        elif first.startswith(HTTP1_METHODS):
+            conn.protocol = "http/1.1"
+        return None
+
+    def _on_connection(self, flow: TcpFlow) -> None:
+        conn = flow.conn
+        an = flow.analyzer
+        if isinstance(an, TlsAnalyzer):
+            conn.requests = an.requests
+            if an.info.alpn:
+                conn.protocol = an.info.alpn
+        if an is not None:
+            kind = "tls" if isinstance(an, TlsAnalyzer) else "dns"
+            for msg in an.warnings:
+                self.facts.warn(Warning_(kind, f"{conn.id} {conn.client} -> {conn.server}: {msg}"))
+        self.summary.add_connection(conn)
+        self.sink.connection(conn)
+
+
+def _merged(readers: list[CaptureReader]) -> Iterator[tuple[int, int, bytes, int]]:
+    if len(readers) == 1:
+        return readers[0].packets()
+    return heapq.merge(*(r.packets() for r in readers), key=itemgetter(0))
+
+
+def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Result:
+    """Read every capture in ``paths`` (merged by time) and feed ``sink`` as records finish."""
+    options = options or Options()
+    facts = CaptureFacts(files=[os.fspath(p) for p in paths])
+    readers = [CaptureReader(p) for p in paths]
+    run = _Run(sink, options, facts)
+    try:
+        total = sum((r.progress()[1] or 0) for r in readers)
+        if options.progress is not None:
+            prog = options.progress
+
+            def _progress(_now: int) -> None:
+                prog(sum(r.progress()[0] for r in readers), total)
+
+            run.table.sweep_hooks.append(_progress)
+        run.table.scan(_merged(readers))
+        run.table.finish_all()
+        run.dns.finish()
+    finally:
+        for r in readers:
+            r.close()
+    for r in readers:
+        facts.packets += r.packets_read
+        facts.bytes += r.bytes_read
+        facts.truncated = facts.truncated or r.truncated
+        for w in r.warnings:
+            facts.warn(w)
+        facts.secrets.extend(r.secrets)
+        for lt in r.link_types:
+            name = linktype_name(lt)
+            if name not in facts.link_types:
+                facts.link_types.append(name)
+    facts.first_ns = run.table.first_ns
+    facts.last_ns = run.table.last_ns
+    facts.undecoded = run.table.undecoded
+    for msg in run.dns.warnings:
+        facts.warn(Warning_("dns", msg))
+    findings = build_findings(run.summary, options.thresholds, facts.truncated)
+    if options.progress is not None:
+        options.progress(total, total)
+    return Result(facts, run.summary, findings, options.thresholds)

@@ -1,0 +1,36 @@
+"""The interface every TCP stream analyzer offers to the flow layer.
+
+The flow layer reassembles each direction of a TCP connection in sequence order and
+calls ``feed`` once per captured segment's new bytes, in stream order, with the
+capture time of the packet that carried them. Direction 0 is client to server,
+1 is server to client. When bytes were never captured, ``gap`` is called instead,
+and the analyzer must resynchronise or stop parsing that direction; it must never
+raise for bad bytes (it records a warning instead).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+CLIENT = 0
+"""Direction: client to server."""
+SERVER = 1
+"""Direction: server to client."""
+
+
+class StreamAnalyzer(Protocol):
+    """A sans-IO analyzer of one TCP connection's two byte streams."""
+
+    def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
+        """New in-order bytes of ``direction``; ``ts_ns``/``packet`` of the segment."""
+
+    def gap(self, direction: int, ts_ns: int, nbytes: int) -> None:
+        """``nbytes`` of ``direction`` were lost before the next ``feed``."""
+
+    def close(self, ts_ns: int) -> None:
+        """The connection ended (FIN/RST/end of capture/idle expiry)."""
+
+    @property
+    def warnings(self) -> list[str]:
+        """Plain sentences about bytes the analyzer could not parse."""
+        ...

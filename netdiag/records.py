@@ -1,0 +1,294 @@
+"""The records netdiag produces, one documented type per record (see CONTRACT.md).
+
+Times are integer nanoseconds of capture time inside the program (``*_ns``);
+the JSON form (``to_json``) turns them into the contract's ``ts`` epoch seconds and
+``*_ms`` milliseconds. A value that could not be measured is ``None`` (JSON ``null``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+
+def ns_to_ts(ns: int | None) -> float | None:
+    """Capture time in integer nanoseconds to epoch seconds (float), or None."""
+    return None if ns is None else ns / NS_PER_S
+
+
+def ns_to_ms(ns: int | None) -> float | None:
+    """A duration in integer nanoseconds to milliseconds (float), or None."""
+    return None if ns is None else ns / NS_PER_MS
+
+
+def span_ms(start_ns: int | None, end_ns: int | None) -> float | None:
+    """Milliseconds from ``start_ns`` to ``end_ns``; None when either is unknown."""
+    if start_ns is None or end_ns is None:
+        return None
+    return (end_ns - start_ns) / NS_PER_MS
+
+
+def endpoint(ip: str, port: int) -> str:
+    """The contract's endpoint string: ``ip:port``, IPv6 in brackets."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+@dataclass(slots=True)
+class Warning_:
+    """Something in the input that netdiag could not read as expected."""
+
+    kind: str
+    """Which layer noticed it: ``capture``, ``ip``, ``tcp``, ``dns``, ``tls``."""
+    message: str
+    """One plain sentence, naming file, byte offset and packet number when known."""
+    file: str | None = None
+    """The capture file it concerns."""
+    offset: int | None = None
+    """Byte offset in the (uncompressed) capture file where the problem starts."""
+    packet: int | None = None
+    """1-based number of the packet concerned (as Wireshark numbers frames)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "file": self.file,
+                "offset": self.offset, "packet": self.packet}
+
+
+@dataclass(slots=True)
+class DnsTransaction:
+    """One DNS question and its answer, keyed as CONTRACT.md says."""
+
+    ts_ns: int
+    """Capture time of the first query of the transaction."""
+    client: str
+    """Endpoint that asked (``ip:port``)."""
+    server: str
+    """Endpoint that was asked (``ip:port``)."""
+    transport: str
+    """``udp`` or ``tcp``."""
+    id: int
+    """DNS message id."""
+    qname: str
+    """Question name, without the trailing dot (``.`` for the root)."""
+    qtype: str
+    """Question type mnemonic (``A``, ``AAAA``, ``TYPE65534`` for unknown ones)."""
+    rcode: str | None = None
+    """Response code of the first matching response (``NOERROR``, ``NXDOMAIN``...)."""
+    answers: list[str] = field(default_factory=list)
+    """Answer section rdata as text, in order (addresses for A/AAAA)."""
+    response_ts_ns: int | None = None
+    """Capture time of the first response that matches the transaction."""
+    retransmissions: int = 0
+    """Extra copies of the query seen before (or without) a response."""
+    responses: int = 0
+    """How many responses matched; more than one means duplicate responses."""
+    truncated: bool = False
+    """The first response had the TC bit set (the answer continues over TCP)."""
+    query_packet: int | None = None
+    """Packet number of the first query."""
+    response_packet: int | None = None
+    """Packet number of the first response."""
+
+    @property
+    def latency_ns(self) -> int | None:
+        """First query to first matching response, in nanoseconds."""
+        if self.response_ts_ns is None:
+            return None
+        return self.response_ts_ns - self.ts_ns
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ts": ns_to_ts(self.ts_ns), "client": self.client, "server": self.server,
+            "transport": self.transport, "id": self.id, "qname": self.qname,
+            "qtype": self.qtype, "rcode": self.rcode, "answers": list(self.answers),
+            "latency_ms": span_ms(self.ts_ns, self.response_ts_ns),
+            "retransmissions": self.retransmissions, "responses": self.responses,
+            "truncated": self.truncated,
+        }
+
+
+@dataclass(slots=True)
+class TlsInfo:
+    """What the TLS handshake of one connection showed."""
+
+    version: str | None = None
+    """Negotiated version (``TLS 1.3``, ``TLS 1.2``...), from supported_versions if present."""
+    sni: str | None = None
+    """Server name the client asked for."""
+    alpn_offered: list[str] = field(default_factory=list)
+    """ALPN protocols in the ClientHello, in order."""
+    alpn: str | None = None
+    """ALPN protocol the server selected, where visible (TLS 1.2, or decrypted 1.3)."""
+    cipher: str | None = None
+    """IANA name of the negotiated cipher suite."""
+    resumed: bool | None = None
+    """Session resumed: TLS 1.2 abbreviated handshake, or TLS 1.3 PSK selected."""
+    hello_retry: bool = False
+    """The server answered the first ClientHello with a HelloRetryRequest."""
+    client_hello_ns: int | None = None
+    """Capture time of the packet carrying the first byte of the (first) ClientHello."""
+    finished_ns: int | None = None
+    """Capture time of the Finished that ends the handshake (CONTRACT.md)."""
+    decrypted: bool = False
+    """The connection was decrypted with a key log."""
+    alert: str | None = None
+    """First alert, e.g. ``fatal handshake_failure from server``; ``encrypted`` if unread."""
+    client_hello_packet: int | None = None
+    """Packet number carrying the first byte of the ClientHello."""
+    finished_packet: int | None = None
+    """Packet number carrying the first byte of the closing Finished."""
+    client_random: bytes | None = None
+    """ClientHello random (32 bytes), the key-log lookup key."""
+    session_ticket_offered: bool = False
+    """The ClientHello carried a non-empty session ticket or a PSK identity."""
+
+    @property
+    def handshake_ns(self) -> int | None:
+        """ClientHello to the closing Finished, in nanoseconds."""
+        if self.client_hello_ns is None or self.finished_ns is None:
+            return None
+        return self.finished_ns - self.client_hello_ns
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "sni": self.sni, "alpn_offered": list(self.alpn_offered),
+            "alpn": self.alpn, "cipher": self.cipher, "resumed": self.resumed,
+            "hello_retry": self.hello_retry,
+            "handshake_ms": span_ms(self.client_hello_ns, self.finished_ns),
+            "decrypted": self.decrypted, "alert": self.alert,
+        }
+
+
+@dataclass(slots=True)
+class Request:
+    """One request/response exchange on a connection (exact or inferred)."""
+
+    ts_ns: int
+    """Capture time of the request's first HEADERS frame / first request byte."""
+    first_byte_ns: int | None = None
+    """Capture time of the first response HEADERS frame / first response byte."""
+    last_byte_ns: int | None = None
+    """Capture time of the last byte of the response."""
+    stream_id: int | None = None
+    """HTTP/2 stream id; None for HTTP/1.x and inferred requests."""
+    method: str | None = None
+    """Request method, where visible."""
+    authority: str | None = None
+    """``:authority`` or ``Host``, where visible."""
+    path: str | None = None
+    """Request path, where visible."""
+    status: int | None = None
+    """Response status code, where visible."""
+    response_bytes: int | None = None
+    """Response body bytes (inferred: TLS record payload bytes of the response)."""
+    chunks: int | None = None
+    """DATA frames / SSE events / TLS records carrying the response."""
+    chunk_gaps_ns: list[int] | None = None
+    """Gaps between successive response chunks after the first."""
+    estimated: bool = True
+    """Inferred from encrypted record timing rather than decoded."""
+
+    def to_json(self, connection_id: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "stream_id": self.stream_id, "ts": ns_to_ts(self.ts_ns), "method": self.method,
+            "authority": self.authority, "path": self.path, "status": self.status,
+            "ttfb_ms": span_ms(self.ts_ns, self.first_byte_ns),
+            "ttlb_ms": span_ms(self.ts_ns, self.last_byte_ns),
+            "response_bytes": self.response_bytes, "chunks": self.chunks,
+            "chunk_gaps_ms": (None if not self.chunk_gaps_ns
+                              else [g / NS_PER_MS for g in self.chunk_gaps_ns]),
+            "estimated": self.estimated,
+        }
+        if connection_id is not None:
+            out["connection"] = connection_id
+        return out
+
+
+@dataclass(slots=True)
+class Connection:
+    """One TCP connection, oriented client to server."""
+
+    id: str
+    """``C1``, ``C2``... in order of first packet."""
+    ts_ns: int
+    """Capture time of the connection's first packet."""
+    client: str
+    """Client endpoint: the SYN's sender, else the ephemeral-port side."""
+    server: str
+    """Server endpoint."""
+    transport: str = "tcp"
+    """Always ``tcp`` for now."""
+    syn_ns: int | None = None
+    """Capture time of the client's first SYN."""
+    handshake_ack_ns: int | None = None
+    """Capture time of the client's ACK completing the three-way handshake."""
+    syn_retransmissions: int = 0
+    """Extra SYNs sent by the client before the handshake completed."""
+    retransmissions: int = 0
+    """Segments (either direction) whose data or SYN/FIN had been seen before."""
+    out_of_order: int = 0
+    """Segments that arrived ahead of a gap in their direction."""
+    lost_bytes: int = 0
+    """Bytes never captured (gaps the stream never filled)."""
+    resets: int = 0
+    """Segments with RST set."""
+    packets: int = 0
+    """Packets of the connection, both directions."""
+    bytes_to_server: int = 0
+    """TCP payload bytes from client to server (retransmissions excluded)."""
+    bytes_to_client: int = 0
+    """TCP payload bytes from server to client (retransmissions excluded)."""
+    last_ns: int = 0
+    """Capture time of the connection's last packet."""
+    handshake_seen: bool = False
+    """The SYN was captured, so orientation comes from it rather than from ports."""
+    close: str = "open"
+    """How it ended: ``fin``, ``rst``, ``open`` (capture ended) or ``idle`` (expired)."""
+    tls: TlsInfo | None = None
+    """TLS handshake facts, None for cleartext."""
+    protocol: str | None = None
+    """Application protocol: ``h2``, ``http/1.1``, ``dns``, ``tls`` (unknown inside), None."""
+    path: dict[str, Any] | None = None
+    """Path attribution ``{name, hop, evidence, inferred}`` (issue 5), None until then."""
+    requests: list[Request] = field(default_factory=list)
+    """Requests carried by the connection, in order."""
+
+    def to_json(self, with_requests: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "ts": ns_to_ts(self.ts_ns), "client": self.client,
+            "server": self.server, "transport": self.transport,
+            "handshake_rtt_ms": span_ms(self.syn_ns, self.handshake_ack_ns),
+            "retransmissions": self.retransmissions, "resets": self.resets,
+            "bytes_to_server": self.bytes_to_server, "bytes_to_client": self.bytes_to_client,
+            "duration_ms": span_ms(self.ts_ns, self.last_ns),
+            "packets": self.packets, "out_of_order": self.out_of_order,
+            "lost_bytes": self.lost_bytes, "syn_retransmissions": self.syn_retransmissions,
+            "handshake_seen": self.handshake_seen, "close": self.close,
+            "tls": None if self.tls is None else self.tls.to_json(),
+            "protocol": self.protocol, "path": self.path,
+        }
+        if with_requests:
+            out["requests"] = [r.to_json() for r in self.requests]
+        return out
+
+
+@dataclass(slots=True)
+class Finding:
+    """A plain-words statement of something wrong, with its evidence."""
+
+    severity: str
+    """``info``, ``warning`` or ``critical``."""
+    code: str
+    """Stable machine name, e.g. ``low-connection-reuse``."""
+    title: str
+    """One line a person reads first."""
+    detail: str
+    """What was measured against which threshold, and what to look at."""
+    evidence: list[str] = field(default_factory=list)
+    """Connection ids (``C4``) or DNS transaction descriptions backing it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": self.code, "title": self.title,
+                "detail": self.detail, "evidence": list(self.evidence)}
