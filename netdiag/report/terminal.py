@@ -27,12 +27,12 @@ def _ms(v: float | None) -> str:
     return f"{v:.3f} ms"
 
 
-def _pct_row(table: Table, name: str, block: dict[str, Any], note: str = "") -> None:
+def _pct_row(table: Table, name: str, block: dict[str, Any]) -> None:
     if not block["count"]:
-        table.add_row(name, "0", "-", "-", "-", "-", note)
+        table.add_row(name, "0", "-", "-", "-", "-")
         return
     table.add_row(name, str(block["count"]), _ms(block["p50"]), _ms(block["p90"]),
-                  _ms(block["p99"]), _ms(block["max"]), note)
+                  _ms(block["p99"]), _ms(block["max"]))
 
 
 def _header(result: Result) -> Panel:
@@ -55,86 +55,107 @@ def _header(result: Result) -> Panel:
     return Panel(text, title="netdiag report", box=box.ROUNDED, expand=False)
 
 
-def _latency_table(result: Result) -> Table:
-    s = result.summary.build()
-    t = Table(title="Latency", box=box.SIMPLE_HEAVY, title_justify="left")
+def _latency_table(s: dict[str, Any]) -> Table:
+    t = Table(title="Latency", box=box.SIMPLE_HEAVY, title_justify="left", expand=False)
     for col in ("", "count", "p50", "p90", "p99", "max"):
-        t.add_column(col, justify="right" if col else "left")
-    t.add_column("", justify="left", style="dim")
-    dns = s["dns"]
-    _pct_row(t, "DNS answer", dns["latency_ms"],
-             f"{dns['unanswered']} unanswered, {dns['retransmissions']} retried"
-             if dns["transactions"] else "")
-    tcp = s["tcp"]
-    _pct_row(t, "TCP handshake", tcp["handshake_rtt_ms"],
-             f"{tcp['connections']} conns, {tcp['retransmissions']} retrans, "
-             f"{tcp['resets']} RST")
-    tls = s["tls"]
-    vers = ", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items()))
-    _pct_row(t, "TLS handshake", tls["handshake_ms"],
-             f"{vers}; {tls['resumed']} resumed" if tls["handshakes"] else "")
-    http = s["http"]
-    est = " (estimated)" if http["estimated"] else ""
-    _pct_row(t, "Time to 1st byte" + est, http["ttfb_ms"])
-    _pct_row(t, "Time to last byte" + est, http["ttlb_ms"])
+        t.add_column(col, justify="right" if col else "left", no_wrap=True)
+    est = " ~" if s["http"]["estimated"] else ""
+    _pct_row(t, "DNS answer", s["dns"]["latency_ms"])
+    _pct_row(t, "TCP handshake", s["tcp"]["handshake_rtt_ms"])
+    _pct_row(t, "TLS handshake", s["tls"]["handshake_ms"])
+    _pct_row(t, "First byte" + est, s["http"]["ttfb_ms"])
+    _pct_row(t, "Last byte" + est, s["http"]["ttlb_ms"])
     return t
 
 
-def _reuse_line(result: Result) -> Text:
-    http = result.summary.build()["http"]
+def _counts(s: dict[str, Any]) -> Text:
+    dns, tcp, tls = s["dns"], s["tcp"], s["tls"]
+    text = Text()
+    text.append("DNS ", style="bold")
+    text.append(f"{dns['transactions']} transactions, {dns['unanswered']} unanswered, "
+                f"{dns['retransmissions']} retried")
+    rc = {k: v for k, v in dns["rcodes"].items() if k != "NOERROR"}
+    if rc:
+        text.append(", " + ", ".join(f"{k} {v}" for k, v in rc.items()))
+    text.append("\nTCP ", style="bold")
+    text.append(f"{tcp['connections']} connections, {tcp['retransmissions']} retransmissions, "
+                f"{tcp['reset_connections']} reset")
+    text.append("\nTLS ", style="bold")
+    vers = ", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items())) or "none"
+    text.append(f"{tls['handshakes']} handshakes ({vers}), {tls['resumed']} resumed, "
+                f"{tls['hello_retry']} HelloRetryRequest")
+    return text
+
+
+def _reuse_line(result: Result, s: dict[str, Any]) -> Text:
+    http = s["http"]
     text = Text()
     if not http["requests"]:
         return text.append("No requests seen.", style="dim")
     rate = http["reuse_rate"]
     style = "green" if rate is not None and rate >= result.thresholds.reuse_min else "yellow"
-    text.append("Connection reuse: ")
+    text.append("HTTP ", style="bold")
+    text.append(f"{http['requests']} requests on {http['connections']} connections, reuse ")
     text.append(f"{rate * 100:.0f}%", style=f"bold {style}")
-    text.append(f"  ({http['requests']} requests on {http['connections']} connections"
-                f"{', estimated from encrypted records' if http['estimated'] else ''})")
     protos = ", ".join(f"{k} {v}" for k, v in http["protocols"].items())
     if protos:
-        text.append(f"  protocols: {protos}", style="dim")
+        text.append(f" ({protos})")
+    if http["estimated"]:
+        text.append("\n~ estimated from encrypted record timing (no key log)", style="dim")
     return text
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
 
 
 def _slowest(result: Result, n: int = 5) -> Table | None:
     rows = result.summary.slowest_connections.payloads()[:n]
     if not rows:
         return None
-    t = Table(title="Slowest connections", box=box.SIMPLE, title_justify="left")
-    for col in ("id", "client -> server", "SNI", "proto", "TCP", "TLS", "worst TTFB", "reqs",
-                "retr", "RST"):
-        t.add_column(col, justify="right" if col in ("TCP", "TLS", "worst TTFB", "reqs", "retr",
-                                                     "RST") else "left")
+    t = Table(title="Slowest connections (ms)", box=box.SIMPLE, title_justify="left",
+              padding=(0, 1), pad_edge=False)
+    t.add_column("id", no_wrap=True)
+    t.add_column("server", no_wrap=True)
+    t.add_column("SNI", overflow="ellipsis", no_wrap=True, max_width=24)
+    t.add_column("proto", no_wrap=True)
+    for col in ("TCP", "TLS", "TTFB", "reqs", "retr"):
+        t.add_column(col, justify="right", no_wrap=True)
     for r in rows:
-        ttfb = _ms(r["ttfb_ms"]) + ("~" if r["estimated"] and r["ttfb_ms"] is not None else "")
-        t.add_row(r["id"], f"{r['client']} -> {r['server']}", r["sni"] or "-",
-                  r["protocol"] or "-", _ms(r["rtt_ms"]), _ms(r["tls_ms"]), ttfb,
-                  str(r["requests"]), str(r["retransmissions"]), str(r["resets"]))
+        ttfb = _num(r["ttfb_ms"]) + ("~" if r["estimated"] and r["ttfb_ms"] is not None else "")
+        t.add_row(r["id"], r["server"], r["sni"] or "-", r["protocol"] or "-",
+                  _num(r["rtt_ms"]), _num(r["tls_ms"]), ttfb, str(r["requests"]),
+                  str(r["retransmissions"]))
     return t
 
 
-def _findings(result: Result) -> Group:
+def _findings(result: Result) -> Group | Table:
     if not result.findings:
         return Group(Text("No findings: nothing crossed a threshold.", style="green"))
-    parts: list[Any] = [Text("Findings", style="bold")]
+    t = Table(title="Findings", box=None, title_justify="left", show_header=False,
+              padding=(0, 1, 1, 0))
+    t.add_column("severity", no_wrap=True)
+    t.add_column("finding", ratio=1)
     for f in result.findings:
-        line = Text()
-        line.append(f" {f.severity.upper():8} ", style=SEVERITY_STYLE.get(f.severity, ""))
-        line.append(f.title, style="bold")
-        line.append(f"\n          {f.detail}", style="default")
+        body = Text()
+        body.append(f.title, style="bold")
+        body.append(f"\n{f.detail}")
         if f.evidence:
             shown = ", ".join(f.evidence[:6]) + (" ..." if len(f.evidence) > 6 else "")
-            line.append(f"\n          evidence: {shown}", style="dim")
-        parts.append(line)
-    return Group(*parts)
+            body.append(f"\nevidence: {shown}", style="dim")
+        t.add_row(Text(f.severity.upper(), style=SEVERITY_STYLE.get(f.severity, "")), body)
+    return t
 
 
 def render(result: Result, console: Console) -> None:
     """Print the whole terminal report."""
+    s = result.summary.build()
     console.print(_header(result))
-    console.print(_latency_table(result))
-    console.print(_reuse_line(result))
+    console.print(_latency_table(s))
+    console.print(_counts(s))
+    console.print(_reuse_line(result, s))
     slow = _slowest(result)
     if slow is not None:
         console.print(slow)
