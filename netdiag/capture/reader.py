@@ -1,0 +1,687 @@
+"""Read pcap and pcapng capture files, plain or gzip-compressed, as a stream of packets.
+
+This is the first stage of the hot path, so it is written for speed and bounded
+memory: the file is read in chunks of :data:`CHUNK_SIZE` bytes, records are cut out of
+an immutable ``bytes`` chunk with one ``struct`` call per packet, and only the partial
+record at the end of a chunk is carried over to the next one. A record that claims
+more bytes than exist never causes that much to be allocated: data is read chunk by
+chunk until the claim is met or the file ends.
+
+Damage (a file cut short, an absurd or inconsistent length, a corrupt gzip stream)
+ends the iteration normally: everything before it has been yielded, ``truncated``
+is set and a :class:`~netdiag.records.Warning_` says where (file, byte offset in the
+uncompressed stream, number of the packet that would have come next).
+
+Timestamps are integer nanoseconds since the epoch, converted with integer
+arithmetic only (pcap micro/nanosecond magic; pcapng ``if_tsresol``/``if_tsoffset``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import ipaddress
+import os
+import stat
+import struct
+import zlib
+from collections.abc import Generator, Iterator
+from types import TracebackType
+from typing import Any
+
+from netdiag.capture.linktypes import normalize
+from netdiag.errors import CaptureFormatError, InputError
+from netdiag.records import Warning_
+
+Packet = tuple[int, int, bytes, int]
+"""``(ts_ns, linktype, data, wire_len)`` as yielded by :meth:`CaptureReader.packets`."""
+
+CHUNK_SIZE = 1 << 20
+"""Bytes read from the (decompressed) stream at a time."""
+HARD_CAP = 256 << 20
+"""No record or block may claim more than this many bytes."""
+PCAP_MAX_DEFAULT = 262144
+"""libpcap's usual maximum packet size; pcap records may claim 4x max(snaplen, this)."""
+
+NS = 1_000_000_000
+
+# pcap magic (as the first 4 bytes appear in the file) -> byte order, ns per
+# fraction unit, record header size. a1b2cd34 is Kuznetzov's "modified" pcap
+# whose record headers carry 8 extra bytes.
+_PCAP_MAGICS: dict[bytes, tuple[str, int, int]] = {
+    b"\xd4\xc3\xb2\xa1": ("<", 1000, 16),
+    b"\xa1\xb2\xc3\xd4": (">", 1000, 16),
+    b"\x4d\x3c\xb2\xa1": ("<", 1, 16),
+    b"\xa1\xb2\x3c\x4d": (">", 1, 16),
+    b"\x34\xcd\xb2\xa1": ("<", 1000, 24),
+    b"\xa1\xb2\xcd\x34": (">", 1000, 24),
+}
+_SHB_MAGIC = b"\x0a\x0d\x0d\x0a"
+_BOM_LE = b"\x4d\x3c\x2b\x1a"
+_BOM_BE = b"\x1a\x2b\x3c\x4d"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+# pcapng block types
+BT_SHB = 0x0A0D0D0A
+BT_IDB = 0x00000001
+BT_PB = 0x00000002
+BT_SPB = 0x00000003
+BT_NRB = 0x00000004
+BT_ISB = 0x00000005
+BT_EPB = 0x00000006
+BT_DSB = 0x0000000A
+
+SECRETS_TLS_KEY_LOG = 0x544C534B
+"""DSB secrets type of an NSS key log (SSLKEYLOGFILE) text."""
+
+_ISB_OPTIONS = {4: "isb_ifrecv", 5: "isb_ifdrop", 6: "isb_filteraccept",
+                7: "isb_osdrop", 8: "isb_usrdeliv"}
+
+# An interface of the current pcapng section:
+# (linktype, ts multiplier, ts divisor, ts offset in ns, snaplen).
+_Iface = tuple[int, int, int, int, int]
+
+
+def _tsresol(code: int) -> tuple[int, int]:
+    """``(mul, div)`` so that ``ticks * mul // div`` is nanoseconds, for an if_tsresol byte."""
+    exp = code & 0x7F
+    if code & 0x80:
+        return NS, 1 << exp
+    if exp <= 9:
+        return 10 ** (9 - exp), 1
+    return 1, 10 ** (exp - 9)
+
+
+class _Gunzip:
+    """Streaming gzip decompression (multi-member, zero padding allowed) that never raises.
+
+    Unlike ``gzip.GzipFile``, an error (corrupt deflate data, CRC mismatch, stream cut
+    short) does not lose the data decoded before it: that data is returned, ``error``
+    says what happened, and later reads return ``b""``.
+    """
+
+    IN_CHUNK = 1 << 16
+    SALVAGE_STEP = 64
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        self.raw = raw
+        self.error: str | None = None
+        self.consumed = 0
+        """Compressed bytes read from the file."""
+        self._d = zlib.decompressobj(31)
+        self._in_member = False
+        self._pending = b""
+        self._eof = False
+
+    def _input(self) -> bytes:
+        """The next compressed bytes for the current member; ``b""`` at the end of the file."""
+        tail = self._d.unconsumed_tail
+        if tail:
+            return tail
+        while True:
+            data, self._pending = self._pending, b""
+            if not data:
+                data = self.raw.read(self.IN_CHUNK)
+                self.consumed += len(data)
+                if not data:
+                    return b""
+            if not self._in_member:
+                data = data.lstrip(b"\0")  # zero padding between/after members
+                if not data:
+                    continue
+                self._in_member = True
+            return data
+
+    def read(self, n: int) -> bytes:
+        """Up to about ``n`` decompressed bytes; ``b""`` at the end or after an error."""
+        out: list[bytes] = []
+        have = 0
+        while have < n and not self._eof and self.error is None:
+            try:
+                data = self._input()
+            except OSError as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                break
+            if not data:
+                self._eof = True
+                if self._in_member:
+                    self.error = ("compressed file ended before the end-of-stream marker "
+                                  "was reached")
+                break
+            backup = self._d.copy()
+            try:
+                piece = self._d.decompress(data, n - have)
+            except zlib.error as exc:
+                out.append(self._salvage(backup, data))
+                self.error = f"corrupt compressed data: {exc}"
+                break
+            out.append(piece)
+            have += len(piece)
+            if self._d.eof:
+                self._pending = self._d.unused_data
+                self._d = zlib.decompressobj(31)
+                self._in_member = False
+        return b"".join(out)
+
+    def _salvage(self, d: Any, data: bytes) -> bytes:
+        """What ``d`` decodes from ``data`` before the error: small steps, then single bytes."""
+        out = []
+        step = self.SALVAGE_STEP
+        for i in range(0, len(data), step):
+            backup = d.copy()
+            try:
+                out.append(d.decompress(data[i:i + step]))
+            except zlib.error:
+                d = backup
+                for j in range(i, min(i + step, len(data))):
+                    try:
+                        out.append(d.decompress(data[j:j + 1]))
+                    except zlib.error:
+                        break
+                break
+        return b"".join(out)
+
+
+class _Source:
+    """The byte stream of one file, decompressed if gzip; read errors end it quietly."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            raw = open(path, "rb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        self.raw = raw
+        self.error: str | None = None
+        """Why reading stopped early (I/O or decompression error), if it did."""
+        self._consumed = 0
+        try:
+            st = os.fstat(raw.fileno())
+            self.total: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
+            head = raw.peek(2)[:2]
+        except OSError as exc:
+            raw.close()
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        self.gunzip = _Gunzip(raw) if head == _GZIP_MAGIC else None
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; ``b""`` at the end of the data or after a read error."""
+        if self.error is not None:
+            return b""
+        gz = self.gunzip
+        if gz is not None:
+            data = gz.read(n)
+            self.error = gz.error
+            return data
+        try:
+            data = self.raw.read(n)
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return b""
+        self._consumed += len(data)
+        return data
+
+    def consumed(self) -> int:
+        """Bytes of the on-disk file consumed so far."""
+        return self._consumed if self.gunzip is None else self.gunzip.consumed
+
+    def close(self) -> None:
+        """Close the file."""
+        self.raw.close()
+
+
+class CaptureReader:
+    """A pcap or pcapng file (optionally gzip-compressed) read as a stream of packets.
+
+    Usage::
+
+        with CaptureReader("trace.pcapng") as cap:
+            for ts_ns, linktype, data, wire_len in cap.packets():
+                ...
+            if cap.truncated:
+                print(cap.warnings[-1].message)
+
+    The constructor reads only the file header. pcapng interface link types, name
+    resolution entries, secrets and statistics are collected as their blocks are
+    met during iteration, so they are complete once :meth:`packets` is exhausted.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Open ``path`` and read its file header.
+
+        Raises :class:`InputError` if the file cannot be read and
+        :class:`CaptureFormatError` if it is empty or not a pcap/pcapng capture.
+        """
+        self.path: str = os.fspath(path)
+        """The file as given."""
+        self.format: str = ""
+        """``pcap`` or ``pcapng``."""
+        self.link_types: list[int] = []
+        """Distinct link types seen (pcap header, each pcapng IDB), in order of first appearance."""
+        self.packets_read: int = 0
+        """Packets yielded so far."""
+        self.bytes_read: int = 0
+        """Sum of the captured lengths of the packets yielded so far."""
+        self.truncated: bool = False
+        """The file was cut short or damaged; packets before the damage were yielded."""
+        self.warnings: list[Warning_] = []
+        """Problems met while reading (kind ``capture``)."""
+        self.secrets: list[tuple[int, bytes]] = []
+        """pcapng Decryption Secrets Blocks as ``(secrets_type, data)``."""
+        self.names: dict[str, list[str]] = {}
+        """pcapng Name Resolution Block entries: address text -> names."""
+        self.interface_stats: list[dict[str, Any]] = []
+        """pcapng Interface Statistics Blocks: ``interface_id``, ``ts_ns``, ``isb_*`` counters."""
+        self._buf = b""
+        self._pos = 0
+        self._base = 0
+        self._gen: Generator[Packet, None, None] | None = None
+        self._src = _Source(self.path)
+        try:
+            self._read_file_header()
+        except BaseException:
+            self._src.close()
+            raise
+
+    # -- public --------------------------------------------------------------------
+
+    def packets(self) -> Iterator[Packet]:
+        """Yield ``(ts_ns, linktype, data, wire_len)`` for each packet, in file order.
+
+        The reader is one stream: calling this again continues where the last
+        iteration stopped. Damage ends the iteration normally (see ``truncated``).
+        """
+        if self._gen is None:
+            if self._src.raw.closed:
+                return iter(())
+            if self.format == "pcap":
+                self._gen = self._pcap_packets()
+            else:
+                self._gen = self._pcapng_packets()
+        return self._gen
+
+    def __iter__(self) -> Iterator[Packet]:
+        return self.packets()
+
+    def progress(self) -> tuple[int, int | None]:
+        """``(bytes of the on-disk file consumed, its size or None)``, for a progress bar."""
+        return self._src.consumed(), self._src.total
+
+    def close(self) -> None:
+        """Stop iterating and close the file."""
+        if self._gen is not None:
+            with contextlib.suppress(ValueError):  # closed from inside its own iteration
+                self._gen.close()
+        self._src.close()
+
+    def __enter__(self) -> CaptureReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- buffer ----------------------------------------------------------------------
+
+    def _fill(self, pos: int, need: int) -> bool:
+        """Make ``need`` bytes available from ``_buf[_pos]``; False at the end of the data.
+
+        When fewer than ``need`` bytes follow ``pos``, the consumed part is dropped and
+        the stream is read at most :data:`CHUNK_SIZE` bytes at a time, so memory grows
+        only with data that exists, whatever ``need`` is.
+        """
+        buf = self._buf
+        have = len(buf) - pos
+        if have >= need:
+            self._pos = pos
+            return True
+        parts = [buf[pos:]]
+        self._base += pos
+        read = self._src.read
+        while have < need:
+            chunk = read(CHUNK_SIZE)
+            if not chunk:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        self._buf = b"".join(parts)
+        self._pos = 0
+        return have >= need
+
+    def _read_file_header(self) -> None:
+        """Detect the format and parse the pcap file header (pcapng's SHB is read lazily)."""
+        self._fill(0, 28)
+        buf = self._buf
+        if not buf:
+            if self._src.error:
+                raise CaptureFormatError(f"{self.path} cannot be decompressed ({self._src.error})")
+            raise CaptureFormatError(f"{self.path} is empty")
+        magic = buf[:4]
+        if magic in _PCAP_MAGICS:
+            self._read_pcap_header(buf, magic)
+        elif magic == _SHB_MAGIC:
+            if len(buf) < 12:
+                raise CaptureFormatError(
+                    f"{self.path}: pcapng section header cut short ({len(buf)} of 12 bytes)")
+            if buf[8:12] not in (_BOM_LE, _BOM_BE):
+                raise CaptureFormatError(
+                    f"{self.path} is not a pcapng capture (byte-order magic 0x{buf[8:12].hex()})")
+            self.format = "pcapng"
+        else:
+            raise CaptureFormatError(
+                f"{self.path} is not a pcap or pcapng capture (magic 0x{magic.hex()})")
+
+    def _read_pcap_header(self, buf: bytes, magic: bytes) -> None:
+        bo, frac_mul, hdr_len = _PCAP_MAGICS[magic]
+        if len(buf) < 24:
+            raise CaptureFormatError(
+                f"{self.path}: pcap file header cut short ({len(buf)} of 24 bytes)")
+        snaplen, network = struct.unpack_from(bo + "II", buf, 16)
+        self.format = "pcap"
+        self._bo = bo
+        self._frac_mul = frac_mul
+        self._hdr_len = hdr_len
+        self._limit = min(HARD_CAP, 4 * max(snaplen, PCAP_MAX_DEFAULT))
+        self._linktype = normalize(network & 0x03FFFFFF)
+        self.link_types.append(self._linktype)
+        self._pos = 24
+
+    # -- warnings --------------------------------------------------------------------
+
+    def _damage(self, offset: int, detail: str, cut: bool = False) -> None:
+        """Record damage at ``offset`` (start of the bad record) and mark the file truncated."""
+        self.truncated = True
+        packet = self.packets_read + 1
+        what = "cut short" if cut else "damaged"
+        if cut and self._src.error:
+            what = "unreadable"
+            detail = f"{detail}; {self._src.error}"
+        self.warnings.append(Warning_(
+            kind="capture", file=self.path, offset=offset, packet=packet,
+            message=(f"{self.path}: {what} at byte offset {offset} in packet {packet} "
+                     f"({detail}); packets before it are reported")))
+
+    def _cut(self, hdr_len: int, claim: int | None, what: str) -> None:
+        """The data ended inside the record at the start of the buffer (after a failed fill)."""
+        left = len(self._buf)
+        if claim is None or left < hdr_len:
+            detail = f"{what} header incomplete: {left} of {hdr_len} bytes"
+        else:
+            detail = f"{what} header claims {claim} bytes, {left - hdr_len} left"
+        self._damage(self._base, detail, cut=True)
+
+    def _finish(self) -> None:
+        """The data ended at a record boundary: warn only if a read error ended it."""
+        if self._src.error:
+            self._damage(self._base + len(self._buf), "reading stopped", cut=True)
+
+    # -- pcap ------------------------------------------------------------------------
+
+    def _pcap_packets(self) -> Generator[Packet, None, None]:
+        """The pcap record loop: one unpack and one slice per packet."""
+        hl = self._hdr_len
+        unpack = struct.Struct(self._bo + "IIII").unpack_from
+        mul = self._frac_mul
+        limit = self._limit
+        lt = self._linktype
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        n = 0
+        nbytes = 0
+        while True:
+            stop = end - hl
+            while pos <= stop:
+                sec, frac, incl, orig = unpack(buf, pos)
+                start = pos + hl
+                nxt = start + incl
+                if nxt > end or incl > limit:
+                    break
+                n += 1
+                nbytes += incl
+                self.packets_read = n
+                self.bytes_read = nbytes
+                yield sec * 1_000_000_000 + frac * mul, lt, buf[start:nxt], orig
+                pos = nxt
+            incl = unpack(buf, pos)[2] if pos <= stop else -1
+            if incl > limit:
+                self._damage(self._base + pos, f"record header claims {incl} bytes, "
+                             f"more than the {limit}-byte limit")
+                return
+            if not self._fill(pos, hl + max(incl, 0)):
+                if self._buf:
+                    self._cut(hl, incl if incl >= 0 else None, "record")
+                else:
+                    self._finish()
+                return
+            buf = self._buf
+            pos = self._pos
+            end = len(buf)
+
+    # -- pcapng ----------------------------------------------------------------------
+
+    def _pcapng_packets(self) -> Generator[Packet, None, None]:
+        """The pcapng block loop: a fast path for EPBs, a careful one for everything else."""
+        ifaces: list[_Iface] = []
+        bo = "<"
+        # type, length, then the EPB fields; and the same preceded by the previous trailer
+        head = struct.Struct("<IIIIIII").unpack_from
+        tail_head = struct.Struct("<IIIIIIII").unpack_from
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        n = 0
+        nbytes = 0
+        ts = 0
+        while True:
+            # Fast path: complete, consistent EPBs of known interfaces. Each block's
+            # trailing length is read together with the next block's header.
+            nif = len(ifaces)
+            if pos + 28 <= end:
+                btype, blen, ifid, th, tl, cap, orig = head(buf, pos)
+                while True:
+                    nxt = pos + blen
+                    if (btype != 6 or nxt + 28 > end or blen & 3 or ifid >= nif
+                            or cap > blen - 32):
+                        break
+                    following = tail_head(buf, nxt - 4)
+                    if following[0] != blen:
+                        break
+                    lt, mul, div, off, _ = ifaces[ifid]
+                    if div == 1:
+                        ts = ((th << 32) | tl) * mul + off
+                    else:
+                        ts = ((th << 32) | tl) * mul // div + off
+                    n += 1
+                    nbytes += cap
+                    self.packets_read = n
+                    self.bytes_read = nbytes
+                    yield ts, lt, buf[pos + 28:pos + 28 + cap], orig
+                    pos = nxt
+                    _, btype, blen, ifid, th, tl, cap, orig = following
+
+            # Careful path: one whole block, validated, whatever its type.
+            if not self._fill(pos, 12):
+                if self._buf:
+                    self._cut(12, None, "block")
+                else:
+                    self._finish()
+                return
+            buf = self._buf
+            pos = self._pos
+            if buf[pos:pos + 4] == _SHB_MAGIC:
+                bom = buf[pos + 8:pos + 12]
+                if bom not in (_BOM_LE, _BOM_BE):
+                    self._damage(self._base + pos,
+                                 f"section header byte-order magic 0x{bom.hex()}")
+                    return
+                bo = "<" if bom == _BOM_LE else ">"
+                head = struct.Struct(bo + "IIIIIII").unpack_from
+                tail_head = struct.Struct(bo + "IIIIIIII").unpack_from
+            btype, blen = struct.unpack_from(bo + "II", buf, pos)
+            problem = self._block_length_problem(btype, blen)
+            if problem:
+                self._damage(self._base + pos, problem)
+                return
+            if not self._fill(pos, blen):
+                self._cut(8, blen, f"block (type 0x{btype:08x})")
+                return
+            buf = self._buf
+            pos = self._pos
+            end = len(buf)
+            nxt = pos + blen
+            trailer = struct.unpack_from(bo + "I", buf, nxt - 4)[0]
+            if trailer != blen:
+                self._damage(self._base + pos, f"block type 0x{btype:08x} length {blen} "
+                             f"but trailing length {trailer}")
+                return
+            pkt, problem = self._block(btype, buf[pos + 8:nxt - 4], bo, ifaces, ts)
+            if btype == BT_SHB:
+                ifaces = []
+            if problem:
+                self._damage(self._base + pos, problem)
+                return
+            pos = nxt
+            if pkt is not None:
+                ts = pkt[0]
+                n += 1
+                nbytes += len(pkt[2])
+                self.packets_read = n
+                self.bytes_read = nbytes
+                yield pkt
+
+    def _block(self, btype: int, body: bytes, bo: str, ifaces: list[_Iface],
+               last_ts: int) -> tuple[Packet | None, str | None]:
+        """Handle one validated pcapng block: ``(packet or None, problem or None)``."""
+        if btype == BT_IDB:
+            return None, self._idb(body, bo, ifaces)
+        if btype in (BT_EPB, BT_PB):
+            return self._epb(body, bo, ifaces, btype)
+        if btype == BT_SPB:
+            return self._spb(body, bo, ifaces, last_ts)
+        if btype == BT_NRB:
+            self._nrb(body, bo)
+        elif btype == BT_ISB:
+            self._isb(body, bo, ifaces)
+        elif btype == BT_DSB:
+            self._dsb(body, bo)
+        return None, None  # SHB (handled by the caller), custom and unknown blocks
+
+    @staticmethod
+    def _block_length_problem(btype: int, blen: int) -> str | None:
+        """Why a block total length cannot be right, or None."""
+        if blen < 12:
+            return f"block type 0x{btype:08x} length {blen} is less than 12"
+        if blen & 3:
+            return f"block type 0x{btype:08x} length {blen} is not a multiple of 4"
+        if blen > HARD_CAP:
+            return f"block type 0x{btype:08x} length {blen} is more than the {HARD_CAP}-byte limit"
+        return None
+
+    def _add_linktype(self, lt: int) -> None:
+        if lt not in self.link_types:
+            self.link_types.append(lt)
+
+    def _idb(self, body: bytes, bo: str, ifaces: list[_Iface]) -> str | None:
+        """Interface Description Block: link type, snaplen, if_tsresol, if_tsoffset."""
+        if len(body) < 8:
+            return f"interface description block too short ({len(body)} bytes)"
+        lt, _, snaplen = struct.unpack_from(bo + "HHI", body, 0)
+        lt = normalize(lt)
+        mul, div, off = 1000, 1, 0
+        for code, value in _options(body, 8, bo):
+            if code == 9 and len(value) >= 1:
+                mul, div = _tsresol(value[0])
+            elif code == 14 and len(value) >= 8:
+                off = struct.unpack_from(bo + "q", value)[0] * NS
+        ifaces.append((lt, mul, div, off, snaplen))
+        self._add_linktype(lt)
+        return None
+
+    @staticmethod
+    def _epb(body: bytes, bo: str, ifaces: list[_Iface],
+             btype: int) -> tuple[Packet | None, str | None]:
+        """Enhanced Packet Block, or the obsolete Packet Block (16-bit interface id)."""
+        name = "enhanced packet block" if btype == BT_EPB else "packet block"
+        if len(body) < 20:
+            return None, f"{name} too short ({len(body)} bytes)"
+        if btype == BT_EPB:
+            ifid, th, tl, cap, orig = struct.unpack_from(bo + "IIIII", body, 0)
+        else:
+            ifid, _, th, tl, cap, orig = struct.unpack_from(bo + "HHIIII", body, 0)
+        if ifid >= len(ifaces):
+            return None, f"{name} names interface {ifid}, but the section has {len(ifaces)}"
+        if cap > len(body) - 20:
+            return None, f"{name} captured length {cap} exceeds its block"
+        lt, mul, div, off, _ = ifaces[ifid]
+        ts = ((th << 32) | tl) * mul // div + off
+        return (ts, lt, body[20:20 + cap], orig), None
+
+    @staticmethod
+    def _spb(body: bytes, bo: str, ifaces: list[_Iface],
+             last_ts: int) -> tuple[Packet | None, str | None]:
+        """Simple Packet Block: interface 0, no timestamp (the last one seen is used)."""
+        if len(body) < 4:
+            return None, f"simple packet block too short ({len(body)} bytes)"
+        if not ifaces:
+            return None, "simple packet block before any interface description block"
+        orig = struct.unpack_from(bo + "I", body, 0)[0]
+        lt, _, _, _, snaplen = ifaces[0]
+        cap = min(orig, len(body) - 4)
+        if snaplen:
+            cap = min(cap, snaplen)
+        return (last_ts, lt, body[4:4 + cap], orig), None
+
+    def _nrb(self, body: bytes, bo: str) -> None:
+        """Name Resolution Block: IPv4/IPv6 records, each an address and NUL-ended names."""
+        pos = 0
+        rec = struct.Struct(bo + "HH")
+        while pos + 4 <= len(body):
+            rtype, rlen = rec.unpack_from(body, pos)
+            value = body[pos + 4:pos + 4 + rlen]
+            pos += 4 + ((rlen + 3) & ~3)
+            if rtype == 0:
+                break
+            size = {1: 4, 2: 16}.get(rtype)
+            if size is None or len(value) < size:
+                continue
+            ip = str(ipaddress.ip_address(value[:size]))
+            names = [p.decode("utf-8", "replace") for p in value[size:].split(b"\0") if p]
+            if names:
+                known = self.names.setdefault(ip, [])
+                known.extend(nm for nm in names if nm not in known)
+
+    def _isb(self, body: bytes, bo: str, ifaces: list[_Iface]) -> None:
+        """Interface Statistics Block: its time and whichever ``isb_*`` counters it has."""
+        if len(body) < 12:
+            return
+        ifid, th, tl = struct.unpack_from(bo + "III", body, 0)
+        ticks = (th << 32) | tl
+        ts_ns: int | None = None
+        if ifid < len(ifaces):
+            _, mul, div, off, _ = ifaces[ifid]
+            ts_ns = ticks * mul // div + off
+        stats: dict[str, Any] = {"interface_id": ifid, "ts_ns": ts_ns}
+        for code, value in _options(body, 12, bo):
+            key = _ISB_OPTIONS.get(code)
+            if key and len(value) >= 8:
+                stats[key] = struct.unpack_from(bo + "Q", value)[0]
+        self.interface_stats.append(stats)
+
+    def _dsb(self, body: bytes, bo: str) -> None:
+        """Decryption Secrets Block: ``(secrets_type, data)`` appended to ``secrets``."""
+        if len(body) < 8:
+            return
+        stype, slen = struct.unpack_from(bo + "II", body, 0)
+        self.secrets.append((stype, body[8:8 + slen]))
+
+
+def _options(body: bytes, pos: int, bo: str) -> Iterator[tuple[int, bytes]]:
+    """``(code, value)`` of the pcapng options from ``pos``, stopping at opt_endofopt or the end."""
+    opt = struct.Struct(bo + "HH")
+    end = len(body)
+    while pos + 4 <= end:
+        code, olen = opt.unpack_from(body, pos)
+        if code == 0:
+            return
+        yield code, body[pos + 4:pos + 4 + olen]
+        pos += 4 + ((olen + 3) & ~3)
