@@ -166,3 +166,17 @@ def test_every_thirdparty_capture_reports_without_error() -> None:
         assert p.returncode in (0, 3), f"{f.name}: {p.stderr}"
         assert "Traceback" not in p.stderr and "internal error" not in p.stderr, f.name
         json.loads(p.stdout)
+
+
+def test_progress_bar_goes_to_stderr_only() -> None:
+    plain = run("report", str(ANTHO), "--format", "json", "--no-progress")
+    forced = run("report", str(ANTHO), "--format", "json", "--progress")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["summary"] == json.loads(plain.stdout)["summary"]
+    assert "Traceback" not in forced.stderr
+
+
+def test_help_and_version() -> None:
+    assert run("--help").returncode == 0
+    v = run("--version")
+    assert v.returncode == 0 and "netdiag" in v.stdout
