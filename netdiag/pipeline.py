@@ -150,8 +150,12 @@ class _Run:
                 conn.protocol = an.info.alpn
         if an is not None:
             kind = "tls" if isinstance(an, TlsAnalyzer) else "dns"
+            where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in an.warnings:
-                self.facts.warn(Warning_(kind, f"{conn.id} {conn.client} -> {conn.server}: {msg}"))
+                self.facts.warn(Warning_(kind, f"{where}: {msg}"))
+            if flow.failure is not None:
+                self.facts.warn(Warning_(kind, f"{where}: {kind} {flow.failure}; "
+                                               "please report this netdiag bug"))
         self.summary.add_connection(conn)
         self.sink.connection(conn)
 

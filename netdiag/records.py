@@ -229,7 +229,7 @@ class Connection:
     retransmissions: int = 0
     """Segments (either direction) whose data or SYN/FIN had been seen before."""
     out_of_order: int = 0
-    """Segments that arrived ahead of a gap in their direction."""
+    """Segments that filled a gap soon after it opened (reordering, as tshark marks it)."""
     lost_bytes: int = 0
     """Bytes never captured (gaps the stream never filled)."""
     resets: int = 0
@@ -245,7 +245,8 @@ class Connection:
     handshake_seen: bool = False
     """The SYN was captured, so orientation comes from it rather than from ports."""
     close: str = "open"
-    """How it ended: ``fin``, ``rst``, ``open`` (capture ended) or ``idle`` (expired)."""
+    """How it ended: ``fin``, ``rst``, ``idle`` (expired), ``reused`` (a new SYN took its
+    4-tuple) or ``open`` (the capture ended first)."""
     tls: TlsInfo | None = None
     """TLS handshake facts, None for cleartext."""
     protocol: str | None = None

@@ -41,7 +41,9 @@ class Defragmenter:
             del self._pending[key]
             self.dropped += 1
             return None
-        pend.pieces.setdefault(offset, payload)
+        old = pend.pieces.get(offset)
+        if old is None or len(payload) > len(old):  # a longer copy (refragmented) wins
+            pend.pieces[offset] = payload
         if not more:
             pend.total = end
         if pend.total is None:

@@ -4,6 +4,14 @@ This is the hot path. It decodes only what the flow layer needs with plain byte
 indexing into int locals, keeps one dict entry per flow direction (a 12- or 36-byte
 key of addresses and ports), and hands UDP port-53 payloads and TCP segments on.
 Everything else about a packet is ignored.
+
+Packets too short or malformed to decode (and link types not handled here) are
+counted in ``undecoded``; they never raise. Exceptions from the decider, an analyzer
+or a callback are not caught: those are bugs, not bad packets.
+
+A connection whose 4-tuple is taken by a new SYN (another ISN) is finished with
+``close: reused`` unless it had already ended with FIN or RST; idle connections are
+finished by :meth:`FlowTable.sweep`.
 """
 
 from __future__ import annotations
@@ -11,7 +19,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Iterable
 
-from netdiag.capture import linktypes as lt
 from netdiag.flows.defrag import Defragmenter
 from netdiag.flows.tcp import ACK, SYN, TcpFlow
 from netdiag.protocols.base import StreamAnalyzer
@@ -30,7 +37,9 @@ WELL_KNOWN_SERVER_PORTS = frozenset({
 """Ports taken as the server side when a connection's SYN was not captured."""
 
 ETH_VLAN = (0x8100, 0x88A8, 0x9100)
-IPV6_EXT = (0, 43, 60, 51)
+IPV6_EXT = (0, 43, 60, 51, 44)
+"""IPv6 extension headers walked before TCP/UDP: hop-by-hop, routing, destination
+options, AH and the fragment header."""
 
 UdpHandler = Callable[[int, str, str, bytes, int], None]
 Decider = Callable[[TcpFlow, bytes], "StreamAnalyzer | None"]
@@ -66,14 +75,17 @@ class FlowTable:
         """Latest packet time scanned."""
         self.sweep_hooks: list[Callable[[int], None]] = []
         """Called with the current capture time at every sweep (DNS expiry, ...)."""
+        self._next_sweep = SWEEP_EVERY
+        """Value of ``packets`` at which the next sweep runs (kept across ``scan`` calls)."""
 
     # -- scanning ---------------------------------------------------------------------
     def scan(self, packets: Iterable[tuple[int, int, bytes, int]], first_number: int = 1) -> None:
         """Feed ``(ts_ns, linktype, data, wire_len)`` tuples, numbered from ``first_number``."""
         pkt = first_number - 1
-        next_sweep = self.packets + SWEEP_EVERY
-        tcp = self._tcp
+        npackets = self.packets
+        next_sweep = self._next_sweep
         udp = self._udp
+        flows_get = self.flows.get
         first = self.first_ns if self.first_ns is not None else 1 << 62
         last = self.last_ns if self.last_ns is not None else -(1 << 62)
         ts = 0
@@ -83,9 +95,10 @@ class FlowTable:
                 last = ts
             if ts < first:
                 first = ts
-            self.packets += 1
-            if self.packets >= next_sweep:
-                next_sweep = self.packets + SWEEP_EVERY
+            npackets += 1
+            if npackets >= next_sweep:
+                self.packets = npackets
+                next_sweep = self._next_sweep = npackets + SWEEP_EVERY
                 self.sweep(ts)
             try:
                 if ltype == 1:
@@ -94,25 +107,25 @@ class FlowTable:
                     while et in ETH_VLAN:
                         et = (data[off + 2] << 8) | data[off + 3]
                         off += 4
-                elif ltype == lt.LINKTYPE_LINUX_SLL:
+                elif ltype == 113:  # LINUX_SLL
                     et = (data[14] << 8) | data[15]
                     off = 16
-                elif ltype == lt.LINKTYPE_LINUX_SLL2:
+                elif ltype == 276:  # LINUX_SLL2
                     et = (data[0] << 8) | data[1]
                     off = 20
-                elif ltype == lt.LINKTYPE_NULL or ltype == lt.LINKTYPE_LOOP:
+                elif ltype == 0 or ltype == 108:  # NULL (host byte order), LOOP (network)
                     fam = int.from_bytes(data[0:4], "big")
                     if fam > 0xFFFF:
                         fam = int.from_bytes(data[0:4], "little")
                     et = 0x0800 if fam == 2 else 0x86DD if fam in (10, 23, 24, 28, 30) else 0
                     off = 4
-                elif ltype == lt.LINKTYPE_RAW:
+                elif ltype == 101:  # RAW
                     v = data[0] >> 4
                     et = 0x0800 if v == 4 else 0x86DD if v == 6 else 0
                     off = 0
-                elif ltype == lt.LINKTYPE_IPV4:
+                elif ltype == 228:  # IPV4
                     et, off = 0x0800, 0
-                elif ltype == lt.LINKTYPE_IPV6:
+                elif ltype == 229:  # IPV6
                     et, off = 0x86DD, 0
                 else:
                     self.link_unknown.add(ltype)
@@ -120,15 +133,15 @@ class FlowTable:
                     continue
                 if et == 0x0800:
                     vihl = data[off]
-                    if vihl >> 4 != 4:
-                        self.undecoded += 1
-                        continue
                     tot = (data[off + 2] << 8) | data[off + 3]
-                    end = off + tot if tot else len(data)
+                    end = off + tot if tot else len(data)  # 0: TSO, take the frame
                     if end > len(data):
                         end = len(data)
-                    proto = data[off + 9]
                     l4 = off + ((vihl & 15) << 2)
+                    if not 0x45 <= vihl <= 0x4F or l4 > end:  # not v4, ihl < 5, or cut
+                        self.undecoded += 1
+                        continue
+                    proto = data[off + 9]
                     frag = (data[off + 6] << 8) | data[off + 7]
                     if frag & 0x3FFF:
                         whole = self.defrag.add(
@@ -144,6 +157,9 @@ class FlowTable:
                         addr = data[off + 12:off + 20]
                     alen = 4
                 elif et == 0x86DD:
+                    if data[off] >> 4 != 6:
+                        self.undecoded += 1
+                        continue
                     plen = (data[off + 4] << 8) | data[off + 5]
                     end = off + 40 + plen if plen else len(data)
                     if end > len(data):
@@ -152,43 +168,64 @@ class FlowTable:
                     l4 = off + 40
                     addr = data[off + 8:off + 40]
                     alen = 16
-                    while proto in IPV6_EXT or proto == 44:
+                    while proto in IPV6_EXT:
+                        nproto = data[l4]
                         if proto == 44:
                             fo = (data[l4 + 2] << 8) | data[l4 + 3]
-                            nproto = data[l4]
-                            ident = int.from_bytes(data[l4 + 4:l4 + 8], "big")
                             if fo & 0xFFF9 == 0:  # atomic fragment: offset 0, no MF
                                 proto = nproto
                                 l4 += 8
                                 continue
-                            whole = self.defrag.add(ts, addr[:16], addr[16:], ident, nproto,
-                                                    fo & 0xFFF8, bool(fo & 1), data[l4 + 8:end])
+                            whole = self.defrag.add(ts, addr[:16], addr[16:],
+                                                    int.from_bytes(data[l4 + 4:l4 + 8], "big"),
+                                                    nproto, fo & 0xFFF8, bool(fo & 1),
+                                                    data[l4 + 8:end])
                             if whole is None:
                                 break
+                            # the fragmentable part may start with more extension headers
                             data = addr + whole
                             l4, end, proto = 32, 32 + len(whole), nproto
-                            break
-                        nproto = data[l4]
+                            continue
                         hl = (data[l4 + 1] + 2) << 2 if proto == 51 else (data[l4 + 1] + 1) << 3
                         proto = nproto
                         l4 += hl
-                    if proto == 44:
+                    if proto == 44:  # fragment held until its datagram completes
                         continue
                 else:
                     self.undecoded += 1
                     continue
-                if proto == 6:
-                    tcp(ts, data, addr, alen, l4, end, pkt)
-                elif proto == 17:
-                    udp(ts, data, addr, alen, l4, end, pkt)
             except IndexError:
                 self.undecoded += 1
+                continue
+            # Outside the try: the headers below are bounds-checked, and an IndexError from
+            # the flow or an analyzer is a bug to see, not a packet to count as undecoded.
+            if proto == 6:
+                if l4 + 20 > end or data[l4 + 12] < 0x50:  # cut short, or data offset < 5
+                    self.undecoded += 1
+                    continue
+                flags = data[l4 + 13]
+                key = addr + data[l4:l4 + 4]
+                entry = flows_get(key)
+                seq = ((data[l4 + 4] << 24) | (data[l4 + 5] << 16) | (data[l4 + 6] << 8)
+                       | data[l4 + 7])
+                if entry is None or (flags & SYN and not flags & ACK
+                                     and self._new_syn(entry, seq)):
+                    entry = self._new_flow(ts, data, addr, alen, l4, flags, key, entry)
+                start = l4 + ((data[l4 + 12] >> 4) << 2)
+                entry[0].packet(entry[1], ts, flags, seq, data[start:end] if end > start else b"",
+                                pkt)
+            elif proto == 17:
+                udp(ts, data, addr, alen, l4, end, pkt)
+        self.packets = npackets
         if pkt >= first_number:
             self.first_ns, self.last_ns = first, last
             self.now_ns = max(self.now_ns, last)
 
     def _udp(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, end: int,
              pkt: int) -> None:
+        if l4 + 8 > end:
+            self.undecoded += 1
+            return
         sport = (data[l4] << 8) | data[l4 + 1]
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         ports = self.dns_ports
@@ -197,21 +234,6 @@ class FlowTable:
             dst = endpoint(_ntop(addr[alen:]), dport)
             self.on_dns_udp(ts, src, dst, bytes(data[l4 + 8:end]), pkt)
 
-    def _tcp(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, end: int,
-             pkt: int) -> None:
-        flags = data[l4 + 13]
-        key = addr + data[l4:l4 + 4]
-        entry = self.flows.get(key)
-        seq = int.from_bytes(data[l4 + 4:l4 + 8], "big")
-        if entry is None or (flags & SYN and not flags & ACK and self._new_syn(entry, seq)):
-            if entry is not None:
-                self._finish(entry[0], ts, "reused")
-            entry = self._new_flow(ts, data, addr, alen, l4, flags, key)
-        flow, d = entry
-        doff = (data[l4 + 12] >> 4) << 2
-        start = l4 + doff
-        flow.packet(d, ts, flags, seq, data[start:end] if end > start else b"", pkt)
-
     @staticmethod
     def _new_syn(entry: tuple[TcpFlow, int], seq: int) -> bool:
         """A SYN on a known flow is a new connection unless it repeats the client's SYN."""
@@ -219,7 +241,10 @@ class FlowTable:
         return d != 0 or flow.conn.syn_ns is None or flow.client_isn != seq
 
     def _new_flow(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, flags: int,
-                  key: bytes) -> tuple[TcpFlow, int]:
+                  key: bytes, old: tuple[TcpFlow, int] | None) -> tuple[TcpFlow, int]:
+        """A connection starts with this segment; ``old`` is the one whose 4-tuple it reuses."""
+        if old is not None:
+            self._finish(old[0], ts, "reused")
         sport = (data[l4] << 8) | data[l4 + 1]
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         if flags & SYN:
@@ -242,23 +267,23 @@ class FlowTable:
         flow.keys = (key, rkey)
         entry = (flow, d)
         self.flows[key] = entry
-        self.flows[rkey] = (flow, 1 - d)
+        if rkey != key:  # a connection to itself (same address and port) has one key
+            self.flows[rkey] = (flow, 1 - d)
         return entry
 
     # -- expiry -----------------------------------------------------------------------
     def sweep(self, now_ns: int) -> None:
         """Finish connections idle too long, or closed and lingering; expire other state."""
         self.now_ns = now_ns
-        done: list[bytes] = []
-        for key, (flow, d) in self.flows.items():
-            if d != 0:
+        done: list[TcpFlow] = []
+        for key, (flow, _d) in self.flows.items():
+            if key != flow.keys[0]:  # visit each flow once, through its first key
                 continue
             conn = flow.conn
             idle = now_ns - conn.last_ns
             if idle > IDLE_TIMEOUT_NS or (conn.close != "open" and idle > CLOSED_LINGER_NS):
-                done.append(key)
-        for key in done:
-            flow = self.flows[key][0]
+                done.append(flow)
+        for flow in done:
             self._finish(flow, now_ns, "idle")
         self.defrag.expire(now_ns)
         for hook in self.sweep_hooks:

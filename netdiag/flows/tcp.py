@@ -3,6 +3,13 @@
 Sequence numbers are unwrapped to 64-bit stream offsets, so streams longer than
 4 GiB stay ordered. Payload bytes are only kept (for out-of-order segments) when an
 analyzer claimed the connection; for the others only sequence ranges are tracked.
+
+Until the client's first payload bytes let the decider pick an analyzer, the server's
+bytes (and any gap of either direction) are held, up to :data:`MAX_PENDING_SERVER`
+bytes, and replayed to the analyzer after the decision; server bytes beyond that
+reach it as a ``gap``. Payload bytes are counted when they become in-order, so a
+retransmission that covers bytes held out of order does not count them twice. Data
+carried by a SYN (TCP Fast Open) is part of the stream.
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ class _Direction:
 class TcpFlow:
     """Tracks one connection; ``packet`` is called for each of its segments."""
 
-    __slots__ = ("analyzer", "client_isn", "conn", "decide", "decided", "dirs", "finished",
-                 "keys", "pending_server", "server_isn", "synack_seen")
+    __slots__ = ("analyzer", "client_isn", "conn", "decide", "decided", "dirs", "failure",
+                 "finished", "keys", "pending", "pending_bytes", "server_isn", "synack_seen")
 
     def __init__(self, conn: Connection, decide: Decider) -> None:
         self.conn = conn
@@ -61,8 +68,12 @@ class TcpFlow:
         self.server_isn: int | None = None
         self.client_isn: int | None = None
         self.keys: tuple[bytes, bytes] = (b"", b"")
-        self.pending_server: list[tuple[int, bytes, int]] | None = []
+        self.pending: list[tuple[int, int, bytes, int, int]] = []
+        """Held until the decision: ``(d, ts, data, pkt, 0)``; a gap is ``(d, ts, b"", 0, n)``."""
+        self.pending_bytes = 0
         self.finished = False
+        self.failure: str | None = None
+        """Set when the analyzer raised: it is fed nothing more (a bug, reported as a warning)."""
 
     # -- per packet -----------------------------------------------------------------
     def packet(self, d: int, ts: int, flags: int, seq: int, payload: bytes, pkt: int) -> None:
@@ -75,23 +86,28 @@ class TcpFlow:
             conn.resets += 1
             conn.close = "rst"
         if flags & SYN:
-            self._syn(d, ts, flags, seq, st)
-            return
-        if (d == 0 and conn.handshake_ack_ns is None and self.synack_seen and flags & ACK
+            if not self._syn(d, ts, flags, seq, st) or not payload:
+                return
+            seq = (seq + 1) & MASK32  # data in a first SYN (TCP Fast Open) follows the ISN
+        elif (d == 0 and conn.handshake_ack_ns is None and self.synack_seen and flags & ACK
                 and conn.syn_ns is not None):
             conn.handshake_ack_ns = ts
         n = len(payload)
         nxt = st.next
         if nxt is None:
             nxt = st.next = seq
-        delta = ((seq - nxt + HALF32) & MASK32) - HALF32
         if n:
-            if delta == 0:
+            delta = ((seq - nxt + HALF32) & MASK32) - HALF32
+            if delta == 0:  # the common case, inlined
                 if st.ooo:
                     self._count_gap_fill(ts, st)
-                self._add_bytes(d, n)
+                if d:
+                    conn.bytes_to_client += n
+                else:
+                    conn.bytes_to_server += n
                 st.next = nxt + n
-                self._deliver(d, ts, payload, pkt)
+                if self.analyzer is not None or not self.decided:
+                    self._deliver(d, ts, payload, pkt)
                 if st.ooo:
                     self._drain(d, st)
             elif delta < 0:
@@ -109,7 +125,7 @@ class TcpFlow:
             else:
                 self._hold(d, ts, nxt + delta, payload, pkt, st)
         if flags & FIN:
-            fin_at = nxt + delta + n
+            fin_at = nxt + (((seq - nxt + HALF32) & MASK32) - HALF32) + n
             if st.fin_at is None:
                 st.fin_at = fin_at
                 if conn.close == "open":
@@ -121,24 +137,29 @@ class TcpFlow:
             if st.next == fin_at:
                 st.next = fin_at + 1
 
-    def _syn(self, d: int, ts: int, flags: int, seq: int, st: _Direction) -> None:
+    def _syn(self, d: int, ts: int, flags: int, seq: int, st: _Direction) -> bool:
+        """Account a SYN or SYN-ACK; True for the first one of its direction."""
         conn = self.conn
         if d == 0 and not flags & ACK:
             if conn.syn_ns is None:
                 conn.syn_ns = ts
                 conn.handshake_seen = True
                 self.client_isn = seq
-            else:
-                conn.syn_retransmissions += 1
-                conn.retransmissions += 1
-            st.next = seq + 1
-            st.isn_seen = True
+                st.next = seq + 1
+                st.isn_seen = True
+                return True
+            conn.syn_retransmissions += 1
+            conn.retransmissions += 1
         elif d == 1 and flags & ACK:
-            if self.synack_seen and self.server_isn == seq:
+            if not self.synack_seen:
+                self.synack_seen = True
+                self.server_isn = seq
+                st.next = seq + 1
+                st.isn_seen = True
+                return True
+            if self.server_isn == seq:
                 conn.retransmissions += 1
-            self.synack_seen = True
-            self.server_isn = seq
-            st.next = seq + 1
+        return False
 
     def _add_bytes(self, d: int, n: int) -> None:
         if d == 0:
@@ -157,16 +178,21 @@ class TcpFlow:
             conn.out_of_order += 1
 
     def _hold(self, d: int, ts: int, at: int, payload: bytes, pkt: int, st: _Direction) -> None:
-        if at in st.ooo:
+        ooo = st.ooo
+        n = len(payload)
+        old = ooo.get(at)
+        if old is not None:  # seen before: keep it, unless this copy carries more
             self.conn.retransmissions += 1
-            return
-        if not st.ooo:
+            if old[2] >= n:
+                return
+            st.ooo_bytes -= old[2]
+            ts, pkt = old[0], old[3]
+        elif not ooo:
             st.gap_ns = ts
         keep = payload if (not self.decided or self.analyzer is not None) else None
-        st.ooo[at] = (ts, keep, len(payload), pkt)
-        st.ooo_bytes += len(payload)
-        self._add_bytes(d, len(payload))
-        if len(st.ooo) > MAX_OOO_SEGMENTS or st.ooo_bytes > MAX_OOO_BYTES:
+        ooo[at] = (ts, keep, n, pkt)
+        st.ooo_bytes += n
+        if len(ooo) > MAX_OOO_SEGMENTS or st.ooo_bytes > MAX_OOO_BYTES:
             self._skip_gap(d, ts, st)
 
     def _drain(self, d: int, st: _Direction) -> None:
@@ -183,6 +209,7 @@ class TcpFlow:
             if end <= nxt:
                 continue
             st.next = end
+            self._add_bytes(d, end - nxt)
             if data is not None:
                 self._deliver(d, ts, data[nxt - at:], pkt)
 
@@ -193,8 +220,13 @@ class TcpFlow:
         at = min(st.ooo)
         missing = at - st.next
         self.conn.lost_bytes += missing
-        if self.analyzer is not None:
-            self.analyzer.gap(d, ts, missing)
+        if not self.decided:
+            self.pending.append((d, ts, b"", 0, missing))
+        elif self.analyzer is not None and self.failure is None:
+            try:
+                self.analyzer.gap(d, ts, missing)
+            except Exception as e:
+                self._failed(e, 0)
         st.next = at
         self._drain(d, st)
 
@@ -202,26 +234,47 @@ class TcpFlow:
     def _deliver(self, d: int, ts: int, data: bytes, pkt: int) -> None:
         if not self.decided:
             if d == 1:
-                pend = self.pending_server
-                if pend is not None:
-                    if sum(len(p[1]) for p in pend) + len(data) <= MAX_PENDING_SERVER:
-                        pend.append((ts, bytes(data), pkt))
-                    else:
-                        self.pending_server = None
+                self._pend_server(ts, data, pkt)
                 return
             self._decide(bytes(data))
         an = self.analyzer
-        if an is not None:
-            an.feed(d, ts, data, pkt)
+        if an is not None and self.failure is None:
+            try:
+                an.feed(d, ts, data, pkt)
+            except Exception as e:
+                self._failed(e, pkt)
+
+    def _failed(self, e: Exception, pkt: int) -> None:
+        """An analyzer bug must cost one connection's analysis, not the whole report."""
+        self.failure = f"analyzer failed at packet {pkt} ({type(e).__name__}: {e})"
+
+    def _pend_server(self, ts: int, data: bytes, pkt: int) -> None:
+        pend = self.pending
+        n = len(data)
+        if self.pending_bytes + n <= MAX_PENDING_SERVER:
+            self.pending_bytes += n
+            pend.append((1, ts, bytes(data), pkt, 0))
+        elif pend and pend[-1][0] == 1 and pend[-1][4]:  # grow the server gap it ends with
+            last = pend[-1]
+            pend[-1] = (1, last[1], b"", 0, last[4] + n)
+        else:  # over the budget: the analyzer will see these bytes as a gap
+            pend.append((1, ts, b"", 0, n))
 
     def _decide(self, first_client_bytes: bytes) -> None:
         self.decided = True
-        self.analyzer = self.decide(self, first_client_bytes)
-        pend = self.pending_server
-        self.pending_server = None
-        if self.analyzer is not None and pend:
-            for ts, data, pkt in pend:
-                self.analyzer.feed(1, ts, data, pkt)
+        an = self.analyzer = self.decide(self, first_client_bytes)
+        pend = self.pending
+        self.pending = []
+        self.pending_bytes = 0
+        if an is not None:
+            try:
+                for d, ts, data, pkt, gap in pend:
+                    if gap:
+                        an.gap(d, ts, gap)
+                    else:
+                        an.feed(d, ts, data, pkt)
+            except Exception as e:
+                self._failed(e, pend[-1][3] if pend else 0)
 
     def finish(self, ts: int, reason: str) -> None:
         """End of the connection: flush held segments past their gaps, close analyzers."""
@@ -235,5 +288,8 @@ class TcpFlow:
             self._decide(b"")
         if self.conn.close == "open" and reason != "open":
             self.conn.close = reason
-        if self.analyzer is not None:
-            self.analyzer.close(ts)
+        if self.analyzer is not None and self.failure is None:
+            try:
+                self.analyzer.close(ts)
+            except Exception as e:
+                self._failed(e, 0)
