@@ -143,6 +143,15 @@ class TlsInfo:
     """ClientHello random (32 bytes), the key-log lookup key."""
     session_ticket_offered: bool = False
     """The ClientHello carried a non-empty session ticket or a PSK identity."""
+    certificate: dict[str, Any] | None = None
+    """Server certificate facts where visible: ``{subject, issuer, not_after, size,
+    chain_length}`` (TLS 1.2 in clear, TLS 1.3 once decrypted)."""
+    session_tickets: int = 0
+    """NewSessionTicket messages the server sent (TLS 1.3 only once decrypted)."""
+    key_updates: int = 0
+    """TLS 1.3 KeyUpdate messages seen (decrypted)."""
+    decrypt_error: str | None = None
+    """Why decryption stopped, e.g. a record that failed to authenticate."""
 
     @property
     def handshake_ns(self) -> int | None:
@@ -158,6 +167,8 @@ class TlsInfo:
             "hello_retry": self.hello_retry,
             "handshake_ms": span_ms(self.client_hello_ns, self.finished_ns),
             "decrypted": self.decrypted, "alert": self.alert,
+            "certificate": self.certificate, "session_tickets": self.session_tickets,
+            "key_updates": self.key_updates, "decrypt_error": self.decrypt_error,
         }
 
 
@@ -189,6 +200,29 @@ class Request:
     """Gaps between successive response chunks after the first."""
     estimated: bool = True
     """Inferred from encrypted record timing rather than decoded."""
+    protocol: str | None = None
+    """``h2``, ``h2c``, ``http/1.1``, ``http/1.0``; None when inferred."""
+    end_ns: int | None = None
+    """Capture time of the request's last byte (END_STREAM / end of the request body)."""
+    request_bytes: int | None = None
+    """Request body bytes, where decoded."""
+    content_type: str | None = None
+    """Response ``content-type``, where decoded."""
+    sse_events: int | None = None
+    """Server-sent events counted in a ``text/event-stream`` response (then ``chunks``
+    and ``chunk_gaps_ns`` count events, not DATA frames)."""
+    first_event_ns: int | None = None
+    """Capture time of the first complete SSE event."""
+    reset: str | None = None
+    """RST_STREAM error code name when the stream was reset, e.g. ``CANCEL``."""
+    reset_by: str | None = None
+    """``client`` or ``server``: who reset the stream."""
+    stall_ns: int | None = None
+    """Time the response spent waiting on a zero HTTP/2 flow-control window."""
+    request_headers: list[tuple[str, str]] | None = None
+    """Decoded request headers (HTTP/2 pseudo-headers included), for HAR export."""
+    response_headers: list[tuple[str, str]] | None = None
+    """Decoded response headers, for HAR export."""
 
     def to_json(self, connection_id: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -200,6 +234,14 @@ class Request:
             "chunk_gaps_ms": (None if not self.chunk_gaps_ns
                               else [g / NS_PER_MS for g in self.chunk_gaps_ns]),
             "estimated": self.estimated,
+            "protocol": self.protocol,
+            "request_bytes": self.request_bytes,
+            "content_type": self.content_type,
+            "sse_events": self.sse_events,
+            "first_event_ms": span_ms(self.ts_ns, self.first_event_ns),
+            "reset": self.reset,
+            "reset_by": self.reset_by,
+            "stall_ms": ns_to_ms(self.stall_ns),
         }
         if connection_id is not None:
             out["connection"] = connection_id
@@ -255,6 +297,9 @@ class Connection:
     """Path attribution ``{name, hop, evidence, inferred}`` (issue 5), None until then."""
     requests: list[Request] = field(default_factory=list)
     """Requests carried by the connection, in order."""
+    http2: dict[str, Any] | None = None
+    """HTTP/2 connection facts where decoded: ``{max_concurrent_streams, settings:
+    {client, server}, goaway, rst_streams, flow_control_stalls}``."""
 
     def to_json(self, with_requests: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -268,7 +313,7 @@ class Connection:
             "lost_bytes": self.lost_bytes, "syn_retransmissions": self.syn_retransmissions,
             "handshake_seen": self.handshake_seen, "close": self.close,
             "tls": None if self.tls is None else self.tls.to_json(),
-            "protocol": self.protocol, "path": self.path,
+            "protocol": self.protocol, "path": self.path, "http2": self.http2,
         }
         if with_requests:
             out["requests"] = [r.to_json() for r in self.requests]

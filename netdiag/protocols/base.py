@@ -10,7 +10,9 @@ raise for bad bytes (it records a warning instead).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
+
+from netdiag.records import Request
 
 CLIENT = 0
 """Direction: client to server."""
@@ -33,4 +35,29 @@ class StreamAnalyzer(Protocol):
     @property
     def warnings(self) -> list[str]:
         """Plain sentences about bytes the analyzer could not parse."""
+        ...
+
+
+class HttpAnalyzer(StreamAnalyzer, Protocol):
+    """A StreamAnalyzer of HTTP (HTTP/2 or HTTP/1.x), fed cleartext or decrypted bytes.
+
+    The same object serves a cleartext connection (fed by the flow layer) and a
+    decrypted TLS connection (fed by the TLS layer with the plaintext of each record,
+    split where the TCP segments split it, each piece with the capture time and
+    packet number of the segment that carried its first byte).
+    """
+
+    @property
+    def requests(self) -> list[Request]:
+        """Exact requests (``estimated=False``) in the order they started."""
+        ...
+
+    @property
+    def http2(self) -> dict[str, Any] | None:
+        """HTTP/2 connection facts (see ``Connection.http2``), None for HTTP/1.x."""
+        ...
+
+    @property
+    def protocol(self) -> str:
+        """``h2``, ``h2c`` or ``http/1.1`` (``http/1.0``), as seen so far."""
         ...
