@@ -3,8 +3,8 @@
 Fed the decoded response body in order, with the capture time of the bytes, it
 records the time of each event: the time of the bytes that complete it (the blank
 line that ends an event). Blocks without a ``data`` field (comments used as
-keep-alives, lone ``retry:``) dispatch nothing and are not counted. The gaps between those times are the token cadence of a
-streamed LLM answer.
+keep-alives, lone ``retry:``) dispatch nothing and are not counted. The gaps
+between those times are the token cadence of a streamed LLM answer.
 """
 
 from __future__ import annotations
