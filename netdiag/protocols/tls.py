@@ -81,6 +81,7 @@ MAX_WARNINGS = 20
 
 EXT_SERVER_NAME = 0
 EXT_ALPN = 16
+EXT_ENCRYPT_THEN_MAC = 22
 EXT_SESSION_TICKET = 35
 EXT_PRE_SHARED_KEY = 41
 EXT_SUPPORTED_VERSIONS = 43
@@ -131,6 +132,7 @@ class _Side:
         "last_ts",
         "left",
         "length",
+        "pieces",
         "records",
         "version",
     )
@@ -149,6 +151,8 @@ class _Side:
         self.first_ts = 0
         self.first_pkt = 0
         self.last_ts = 0
+        self.pieces: list[tuple[int, int, int]] | None = None
+        """With ``keep_bodies``: ``(offset in body, ts, packet)`` of each segment's bytes."""
         self.records = 0
         self.encrypted = False
         """This direction's records are no longer plaintext."""
@@ -193,6 +197,10 @@ class TlsAnalyzer:
         self._tls13 = False
         self._version: int | None = None
         self._cipher: int | None = None
+        self.server_random: bytes | None = None
+        """ServerHello random of the real (not HelloRetryRequest) ServerHello."""
+        self.encrypt_then_mac = False
+        """The server accepted encrypt_then_mac (extension 22), for TLS 1.2 CBC suites."""
         self._client_finished = False
         self._done = False
 
@@ -255,13 +263,15 @@ class TlsAnalyzer:
 
     def on_record(self, direction: int, content_type: int, version: int,
                   fragment: bytes | None, first_ts_ns: int, last_ts_ns: int,
-                  first_packet: int) -> None:
+                  first_packet: int, pieces: list[tuple[int, int, int]] | None = None) -> None:
         """Called once per complete record, after the analyzer processed it.
 
         ``fragment`` is the record body when it was collected (plaintext handshake
         and alert records, or every record while ``keep_bodies`` is set), else
-        None (also when part of it was never captured). Overridden by a decrypting
-        subclass; the base class does nothing (and is not even called).
+        None (also when part of it was never captured). ``pieces`` (with
+        ``keep_bodies``) maps the body to the segments that carried it:
+        ``(offset in body, capture time, packet)`` per segment, in order. Overridden
+        by a decrypting subclass; the base class does nothing (and is not even called).
         """
 
     # -- record layer ---------------------------------------------------------------
@@ -277,6 +287,9 @@ class TlsAnalyzer:
                     take = left
                 body = side.body
                 if body is not None:
+                    pieces = side.pieces
+                    if pieces is not None:
+                        pieces.append((len(body), ts_ns, packet))
                     body += memoryview(data)[i:i + take]
                 i += take
                 left -= take
@@ -318,9 +331,13 @@ class TlsAnalyzer:
             side.length = length
             side.last_ts = ts_ns
             side.records += 1
-            if (self.keep_bodies or ctype == CT_ALERT
-                    or (ctype == CT_HANDSHAKE and side.hs_alive and not side.encrypted)):
+            if self.keep_bodies:
                 side.body = bytearray()
+                side.pieces = []
+            elif ctype == CT_ALERT or (ctype == CT_HANDSHAKE and side.hs_alive
+                                       and not side.encrypted):
+                side.body = bytearray()
+                side.pieces = None
             else:
                 side.body = None
             side.left = length
@@ -373,7 +390,8 @@ class TlsAnalyzer:
             self._on_alert(side, direction, body)
         if self._hook:
             self.on_record(direction, ctype, side.version,
-                           None if body is None else bytes(body), first_ts, last_ts, pkt)
+                           None if body is None else bytes(body), first_ts, last_ts, pkt,
+                           side.pieces if body is not None else None)
 
     # -- record types ---------------------------------------------------------------
 
@@ -579,6 +597,8 @@ class TlsAnalyzer:
         self._sh_ts = ts
         self._version = version
         self._cipher = cipher
+        self.server_random = bytes(random)
+        self.encrypt_then_mac = EXT_ENCRYPT_THEN_MAC in exts
         alpn = exts.get(EXT_ALPN)
         if alpn is not None:
             protocols = _alpn_list(alpn)

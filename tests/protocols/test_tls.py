@@ -540,13 +540,15 @@ class Recorder(TlsAnalyzer):
     def __init__(self, keep: bool = False) -> None:
         super().__init__()
         self.events: list[tuple] = []
+        self.pieces: list[list[tuple[int, int, int]] | None] = []
         self.keep_bodies = keep
 
     def on_record(self, direction: int, content_type: int, version: int,
                   fragment: bytes | None, first_ts_ns: int, last_ts_ns: int,
-                  first_packet: int) -> None:
+                  first_packet: int, pieces: list[tuple[int, int, int]] | None = None) -> None:
         self.events.append((direction, content_type, version, fragment, first_ts_ns,
                             last_ts_ns, first_packet))
+        self.pieces.append(pieces)
 
 
 def test_on_record_hook_times_and_bodies() -> None:
@@ -567,9 +569,14 @@ def test_on_record_hook_times_and_bodies() -> None:
     # with keep_bodies, application data bodies come through intact
     f2 = Feeder(Recorder(keep=True))
     tls13_handshake(f2)
-    f2.send(1, rec, chunk=7)
+    first2 = f2.send(1, rec, chunk=1000)
     assert f2.an.events[-1][3] == body  # type: ignore[attr-defined]
     assert len(f2.an.events) == len(an.events)  # type: ignore[attr-defined]
+    # each segment's share of the body, with its own time and packet
+    pieces = f2.an.pieces[-1]  # type: ignore[attr-defined]
+    assert [p[0] for p in pieces] == [0, 995, 1995]
+    assert pieces[0][1:] == first2
+    assert len({p[1] for p in pieces}) == 3
 
 
 def test_infer_requests_can_be_switched_off() -> None:
