@@ -57,9 +57,18 @@ def cli() -> None:
               help="Also parse this port as DNS (53 always is). Repeatable.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--keylog", "keylogs", multiple=True, type=click.Path(dir_okay=False),
+              help="TLS key log (NSS format, as SSLKEYLOGFILE writes) to decrypt with. "
+                   "Repeatable; default: $SSLKEYLOGFILE. Keys embedded in a pcapng are "
+                   "used too.")
+@click.option("--write-pcapng", "write_pcapng",
+              type=click.Path(dir_okay=False, writable=True),
+              help="Also write the capture(s) as one pcapng with the TLS keys of its "
+                   "connections embedded (Wireshark decrypts it without a key log).")
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
-           retrans_max: float, dns_ports: tuple[int, ...], progress: bool | None) -> None:
+           retrans_max: float, dns_ports: tuple[int, ...], progress: bool | None,
+           keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
     from netdiag.pipeline import Options
@@ -67,19 +76,45 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
     thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max)
-    options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}))
+    options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
+                      keylog=_load_keylogs(keylogs))
     out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
     try:
-        truncated = _run_report(list(captures), fmt, options, out, progress)
+        result = _run_report(list(captures), fmt, options, out, progress)
     finally:
         if output:
             out.close()
-    if truncated:
+    if write_pcapng:
+        from netdiag.pipeline import export_pcapng
+
+        n, keys = export_pcapng(list(captures), write_pcapng, result)
+        _stderr_console().print(f"wrote {write_pcapng}: {n} packets, keys of {keys} TLS "
+                                "connection(s) embedded", highlight=False)
+    if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)
 
 
+def _load_keylogs(paths: tuple[str, ...]) -> Any:
+    """The key logs named, or $SSLKEYLOGFILE's, merged; None when there is none."""
+    from netdiag.tls.keylog import KeyLog
+
+    if not paths:
+        env = os.environ.get("SSLKEYLOGFILE")
+        if not env:
+            return None
+        if not os.path.exists(env):
+            _stderr_console().print(f"[yellow]warning:[/] SSLKEYLOGFILE names {env}, which "
+                                    "does not exist; reporting without keys", highlight=False)
+            return None
+        paths = (env,)
+    merged = KeyLog()
+    for p in paths:
+        merged.merge(KeyLog.from_file(p))
+    return merged
+
+
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
-                progress: bool | None) -> bool:
+                progress: bool | None) -> Any:
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
@@ -121,7 +156,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
     for w in result.capture.warnings:
         if w.kind == "capture":
             err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
-    return result.capture.truncated
+    return result
 
 
 def main() -> None:

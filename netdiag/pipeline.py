@@ -18,13 +18,20 @@ from netdiag.analysis.findings import Thresholds, build_findings
 from netdiag.analysis.summary import SummaryBuilder
 from netdiag.capture.linktypes import linktype_name
 from netdiag.capture.reader import CaptureReader
+from netdiag.errors import InputError
 from netdiag.flows.table import FlowTable
 from netdiag.flows.tcp import TcpFlow
-from netdiag.protocols.base import StreamAnalyzer
+from netdiag.protocols.base import HttpAnalyzer, StreamAnalyzer
 from netdiag.protocols.dns import DnsAnalyzer
+from netdiag.protocols.http1 import Http1Analyzer
+from netdiag.protocols.http2 import Http2Analyzer
 from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
+from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
 from netdiag.records import Connection, DnsTransaction, Finding, Warning_, ns_to_ts
+from netdiag.tls.keylog import KeyLog
 
+DSB_TLS_KEY_LOG = 0x544C534B
+"""pcapng decryption-secrets type of an NSS key log."""
 MAX_WARNINGS = 200
 """Protocol warnings kept in the report; the rest are only counted."""
 HTTP1_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ",
@@ -52,6 +59,9 @@ class Options:
     """Ports whose UDP and TCP traffic is parsed as DNS."""
     progress: Callable[[int, int], None] | None = None
     """Called now and then with (bytes done, bytes total) over all files."""
+    keylog: KeyLog | None = None
+    """TLS secrets (NSS key log) from ``--keylog`` or ``SSLKEYLOGFILE``; pcapng
+    decryption-secrets blocks are added to it as the capture is read."""
 
 
 @dataclass
@@ -98,6 +108,10 @@ class Result:
     summary: SummaryBuilder
     findings: list[Finding]
     thresholds: Thresholds
+    client_randoms: set[bytes] = field(default_factory=set)
+    """ClientHello randoms of the TLS connections seen."""
+    keylog: KeyLog | None = None
+    """Every secret known at the end (options and decryption-secrets blocks)."""
 
     def summary_json(self) -> dict[str, Any]:
         return self.summary.build()
@@ -110,10 +124,16 @@ def _port(ep: str) -> int:
 class _Run:
     """State of one ``analyze`` call."""
 
-    def __init__(self, sink: Sink, options: Options, facts: CaptureFacts) -> None:
+    def __init__(self, sink: Sink, options: Options, facts: CaptureFacts,
+                 readers: list[CaptureReader]) -> None:
         self.sink = sink
         self.options = options
         self.facts = facts
+        self.readers = readers
+        self.keylog = options.keylog if options.keylog is not None else KeyLog()
+        self._secrets_seen = 0
+        self.client_randoms: set[bytes] = set()
+        """ClientHello randoms of every TLS connection (for embedding their keys)."""
         self.summary = SummaryBuilder()
         self.dns = DnsAnalyzer(self._on_dns)
         self.table = FlowTable(self._decide, self._on_connection, self.dns.on_udp,
@@ -131,25 +151,57 @@ class _Run:
             conn.protocol = "dns"
             return self.dns.tcp_stream(conn.client, conn.server)
         if looks_like_tls(first):
-            tls = TlsAnalyzer()
+            self._sync_secrets()
+            tls: TlsAnalyzer
+            if len(self.keylog):
+                tls = DecryptingTlsAnalyzer(self.keylog, _app_for_tls)
+            else:
+                tls = TlsAnalyzer()
             conn.tls = tls.info
             conn.protocol = "tls"
             return tls
         if first.startswith(H2_PREFACE[:14]):
             conn.protocol = "h2c"
-        elif first.startswith(HTTP1_METHODS):
+            return Http2Analyzer(protocol="h2c")
+        if first.startswith(HTTP1_METHODS):
             conn.protocol = "http/1.1"
+            return Http1Analyzer()
         return None
+
+    def _sync_secrets(self) -> None:
+        """Add TLS key-log secrets from pcapng decryption-secrets blocks read so far."""
+        blocks = [b for r in self.readers for b in r.secrets]
+        if len(blocks) == self._secrets_seen:
+            return
+        for stype, data in blocks[self._secrets_seen:]:
+            if stype != DSB_TLS_KEY_LOG:
+                continue
+            try:
+                self.keylog.merge(KeyLog.parse(data, "decryption secrets block"))
+            except InputError as e:
+                self.facts.warn(Warning_("tls", f"unusable decryption secrets block: {e}"))
+        self._secrets_seen = len(blocks)
 
     def _on_connection(self, flow: TcpFlow) -> None:
         conn = flow.conn
         an = flow.analyzer
         if isinstance(an, TlsAnalyzer):
             conn.requests = an.requests
+            if an.info.client_random:
+                self.client_randoms.add(an.info.client_random)
             if an.info.alpn:
                 conn.protocol = an.info.alpn
+            app = an.app if isinstance(an, DecryptingTlsAnalyzer) else None
+            if app is not None:
+                conn.protocol = app.protocol
+                conn.http2 = app.http2
+        elif isinstance(an, Http1Analyzer | Http2Analyzer):
+            conn.requests = an.requests
+            conn.protocol = an.protocol
+            conn.http2 = an.http2
         if an is not None:
-            kind = "tls" if isinstance(an, TlsAnalyzer) else "dns"
+            kind = ("tls" if isinstance(an, TlsAnalyzer) else
+                    "http" if isinstance(an, Http1Analyzer | Http2Analyzer) else "dns")
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in an.warnings:
                 self.facts.warn(Warning_(kind, f"{where}: {msg}"))
@@ -158,6 +210,15 @@ class _Run:
                                                "please report this netdiag bug"))
         self.summary.add_connection(conn)
         self.sink.connection(conn)
+
+
+def _app_for_tls(alpn: str | None, first: bytes) -> HttpAnalyzer | None:
+    """The HTTP analyzer for a decrypted connection, from ALPN or its first bytes."""
+    if alpn == "h2" or first.startswith(H2_PREFACE[:14]):
+        return Http2Analyzer(protocol="h2")
+    if first.startswith(HTTP1_METHODS):
+        return Http1Analyzer(tls=True)
+    return None
 
 
 def _merged(readers: list[CaptureReader]) -> Iterator[tuple[int, int, bytes, int]]:
@@ -171,7 +232,7 @@ def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Res
     options = options or Options()
     facts = CaptureFacts(files=[os.fspath(p) for p in paths])
     readers = [CaptureReader(p) for p in paths]
-    run = _Run(sink, options, facts)
+    run = _Run(sink, options, facts, readers)
     try:
         total = sum((r.progress()[1] or 0) for r in readers)
         if options.progress is not None:
@@ -183,6 +244,7 @@ def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Res
             run.table.sweep_hooks.append(_progress)
         run.table.scan(_merged(readers))
         run.table.finish_all()
+        run._sync_secrets()
         run.dns.finish()
     finally:
         for r in readers:
@@ -206,4 +268,36 @@ def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Res
     findings = build_findings(run.summary, options.thresholds, facts.truncated)
     if options.progress is not None:
         options.progress(total, total)
-    return Result(facts, run.summary, findings, options.thresholds)
+    return Result(facts, run.summary, findings, options.thresholds, run.client_randoms,
+                  run.keylog)
+
+
+def export_pcapng(paths: list[str], out_path: str, result: Result) -> tuple[int, int]:
+    """Write ``paths`` (merged by time) to one pcapng with the keys of their TLS connections.
+
+    Only the secrets of connections seen in the capture are embedded, never the rest
+    of the key log. Returns (packets written, connections whose keys were embedded).
+    """
+    from netdiag.capture.pcapng_writer import write_pcapng
+
+    keylog = result.keylog
+    lines: list[str] = []
+    embedded = 0
+    if keylog is not None:
+        for random in sorted(result.client_randoms):
+            secrets = keylog.secrets_for(random)
+            if secrets:
+                embedded += 1
+                lines.extend(f"{label} {random.hex()} {secret.hex()}"
+                             for label, secret in sorted(secrets.items()))
+    key_text = ("\n".join(lines) + "\n").encode() if lines else None
+    readers = [CaptureReader(p) for p in paths]
+    try:
+        with open(out_path, "wb") as out:
+            n = write_pcapng(out, _merged(readers), key_text)
+    except OSError as e:
+        raise InputError(f"cannot write {out_path}: {e.strerror or e}") from e
+    finally:
+        for r in readers:
+            r.close()
+    return n, embedded

@@ -84,6 +84,7 @@ class SummaryBuilder:
     http_ttlb: list[float] = field(default_factory=list)
     http_protocols: Counter[str] = field(default_factory=Counter)
     http_estimated: bool = False
+    http_estimated_requests: int = 0
     http_single_request_conns: list[str] = field(default_factory=list)
     http_slowest_ttfb: _Top = field(default_factory=_Top)
     slowest_connections: _Top = field(default_factory=_Top)
@@ -153,6 +154,7 @@ class SummaryBuilder:
             for r in reqs:
                 if r.estimated:
                     self.http_estimated = True
+                    self.http_estimated_requests += 1
                 if r.first_byte_ns is not None:
                     ms = (r.first_byte_ns - r.ts_ns) / 1e6
                     self.http_ttfb.append(ms)
@@ -209,6 +211,7 @@ class SummaryBuilder:
                 "ttlb_ms": percentiles(self.http_ttlb),
                 "protocols": dict(self.http_protocols),
                 "estimated": self.http_estimated,
+                "estimated_requests": self.http_estimated_requests,
             },
             "paths": {},
         }

@@ -1,0 +1,570 @@
+"""Decrypt the records of one TLS connection with secrets from a key log.
+
+:class:`TlsDecryptor` follows one connection's record protection, one state per
+direction (0 = client to server, 1 = server to client); it is fed each direction's
+record bodies in order and returns the plaintext and its content type. It owns no
+I/O and no clock: the caller (the TLS analyzer) cuts the records and tells it about
+the handshake events it reads in the decrypted plaintext.
+
+TLS 1.3 (RFC 8446 section 7): keys come from the traffic secrets of the key log,
+``key = HKDF-Expand-Label(secret, "key", "", key_len)``, ``iv =
+HKDF-Expand-Label(secret, "iv", "", 12)``; the nonce is the IV XOR the 64-bit
+record sequence number, the additional data the 5-byte record header. Each
+direction starts with its handshake traffic secret (the first records after the
+ServerHello), switches to ``*_TRAFFIC_SECRET_0`` after its Finished
+(:meth:`TlsDecryptor.handshake_done`) and to the next generation on a KeyUpdate
+(:meth:`TlsDecryptor.key_update`); every key change resets the sequence number.
+Records whose outer type is not application_data (23) are not encrypted in TLS
+1.3 (ClientHello, ServerHello, HelloRetryRequest, compatibility ChangeCipherSpec,
+an alert sent before the keys) and are returned unchanged without counting.
+
+When a record fails under the current key, the next key of the schedule is tried
+once (early -> handshake, handshake -> application, application generation N ->
+N+1) and kept if it authenticates, so a caller that misses a Finished or a
+KeyUpdate does not lose the connection; a record that fails to authenticate never
+changes the state, so the caller may skip it and go on.
+
+A key log may lack some TLS 1.3 secrets (some servers log only part of them): the
+decryptor is built as long as one traffic secret is there, and the records that
+need a missing one raise :class:`DecryptError` naming the missing label; the other
+direction is not affected.
+
+0-RTT early data: with ``CLIENT_EARLY_TRAFFIC_SECRET`` in the secrets, the client
+direction starts with the early traffic key (its records right after the
+ClientHello, before the ServerHello, must then be fed too, for the sequence
+numbers to count them) and moves to the handshake key after EndOfEarlyData, or
+when the early key stops working (early data the server rejected is followed
+directly by the handshake-key Finished). Without that secret the early-data
+records raise :class:`DecryptError`; since a failure changes nothing, a caller
+may skip them and go on with the handshake records.
+
+TLS 1.0-1.2 (RFC 5246 section 6.3, RFC 2246/4346 for the older PRF): the key block
+is ``PRF(master_secret, "key expansion", server_random + client_random)`` (P_SHA256
+or P_SHA384 in TLS 1.2, MD5 XOR SHA-1 before), split into the client and server
+MAC keys, encryption keys and fixed IVs. A direction is decrypted from its
+ChangeCipherSpec on (:meth:`TlsDecryptor.change_cipher_spec`), with sequence
+numbers from 0. AES-GCM and AES-CCM (RFC 5288, RFC 6655): nonce = fixed IV (4) +
+explicit nonce (the first 8 bytes of the record); ChaCha20-Poly1305 (RFC 7905):
+nonce = IV (12) XOR sequence number; additional data = sequence number (8) + type
++ version + plaintext length. AES-CBC: IV (explicit in each record from TLS 1.1,
+chained from the previous record in TLS 1.0) + ciphertext, HMAC over sequence
+number + type + version + length + plaintext inside the encryption
+(MAC-then-encrypt), or over the IV and ciphertext after it with RFC 7366
+encrypt-then-MAC. Renegotiation is not followed: its new keys are not in the key
+log.
+
+Padding checks are not constant-time: this reads captured traffic, it is not an
+endpoint an attacker can query.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESCCM, AESGCM, ChaCha20Poly1305
+
+from netdiag.protocols.tls_names import cipher_name, version_name
+from netdiag.tls.keylog import (
+    CLIENT_EARLY_TRAFFIC_SECRET,
+    CLIENT_HANDSHAKE_TRAFFIC_SECRET,
+    CLIENT_RANDOM,
+    CLIENT_TRAFFIC_SECRET_0,
+    SERVER_HANDSHAKE_TRAFFIC_SECRET,
+    SERVER_TRAFFIC_SECRET_0,
+)
+from netdiag.tls.suites import SUITES, CipherSpec
+
+TLS10, TLS11, TLS12, TLS13 = 0x0301, 0x0302, 0x0303, 0x0304
+
+CT_CHANGE_CIPHER_SPEC = 20
+CT_ALERT = 21
+CT_HANDSHAKE = 22
+CT_APPLICATION_DATA = 23
+
+HS_END_OF_EARLY_DATA = 5
+
+_EARLY, _HANDSHAKE, _APPLICATION = 0, 1, 2
+_LABELS13 = (
+    (CLIENT_EARLY_TRAFFIC_SECRET, ""),
+    (CLIENT_HANDSHAKE_TRAFFIC_SECRET, SERVER_HANDSHAKE_TRAFFIC_SECRET),
+    (CLIENT_TRAFFIC_SECRET_0, SERVER_TRAFFIC_SECRET_0),
+)
+"""Key log label of each TLS 1.3 phase's secret, by direction."""
+_SIDES = ("client", "server")
+_HASH_LEN = {"sha256": 32, "sha384": 48}
+_BLOCK = 16
+
+Aead = AESGCM | AESCCM | ChaCha20Poly1305
+Fragment = bytes | bytearray | memoryview
+
+
+class DecryptError(Exception):
+    """One connection cannot be (further) decrypted.
+
+    Not a :class:`~netdiag.errors.NetdiagError`: it never reaches the user as an
+    error; the caller stops decrypting that connection and says why in a warning.
+    Messages name the record and the side, never key material.
+    """
+
+
+# -- key derivation ---------------------------------------------------------------------
+def hkdf_expand(prk: bytes, info: bytes, length: int, hash_name: str) -> bytes:
+    """HKDF-Expand (RFC 5869) with HMAC-``hash_name``."""
+    out = bytearray()
+    block = b""
+    counter = 1
+    while len(out) < length:
+        block = hmac.digest(prk, block + info + bytes((counter,)), hash_name)
+        out += block
+        counter += 1
+    return bytes(out[:length])
+
+
+def hkdf_expand_label(secret: bytes, label: bytes, context: bytes, length: int,
+                      hash_name: str) -> bytes:
+    """TLS 1.3 HKDF-Expand-Label (RFC 8446 section 7.1); ``label`` without ``tls13 ``."""
+    full = b"tls13 " + label
+    info = (length.to_bytes(2, "big") + bytes((len(full),)) + full
+            + bytes((len(context),)) + context)
+    return hkdf_expand(secret, info, length, hash_name)
+
+
+def _p_hash(secret: bytes, seed: bytes, length: int, hash_name: str) -> bytes:
+    out = bytearray()
+    a = seed
+    while len(out) < length:
+        a = hmac.digest(secret, a, hash_name)
+        out += hmac.digest(secret, a + seed, hash_name)
+    return bytes(out[:length])
+
+
+def prf_tls12(secret: bytes, label: bytes, seed: bytes, length: int,
+              hash_name: str = "sha256") -> bytes:
+    """TLS 1.2 PRF (RFC 5246 section 5): P_<hash>(secret, label + seed)."""
+    return _p_hash(secret, label + seed, length, hash_name)
+
+
+def prf_tls10(secret: bytes, label: bytes, seed: bytes, length: int) -> bytes:
+    """TLS 1.0/1.1 PRF (RFC 2246 section 5): P_MD5(S1, ...) XOR P_SHA-1(S2, ...)."""
+    half = (len(secret) + 1) // 2
+    md5 = _p_hash(secret[:half], label + seed, length, "md5")
+    sha1 = _p_hash(secret[len(secret) - half:], label + seed, length, "sha1")
+    return (int.from_bytes(md5, "big") ^ int.from_bytes(sha1, "big")).to_bytes(length, "big")
+
+
+def _make_aead(spec: CipherSpec, key: bytes) -> Aead:
+    if spec.aead == "aes-gcm":
+        return AESGCM(key)
+    if spec.aead == "chacha20":
+        return ChaCha20Poly1305(key)
+    return AESCCM(key, tag_length=spec.tag_len)
+
+
+# -- per-direction state ----------------------------------------------------------------
+class _Direction:
+    """Record protection state of one direction."""
+
+    __slots__ = ("active", "aead", "aes", "explicit_iv", "iv", "mac_key", "missing", "name",
+                 "phase", "records", "renegotiated", "salt", "secret", "seq")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seq = 0
+        """Sequence number of the next record under the current key."""
+        self.records = 0
+        """Encrypted records fed so far (for messages), failures included."""
+        self.active = False
+        """TLS <= 1.2: after this side's ChangeCipherSpec."""
+        self.renegotiated = False
+        self.phase = _HANDSHAKE
+        self.secret = b""
+        """TLS 1.3: the traffic secret of the current key (empty: not in the key log)."""
+        self.missing = ""
+        """TLS 1.3: the key log label of the current secret when the log lacks it."""
+        self.aead: Aead | None = None
+        self.iv = 0
+        """TLS 1.3 and ChaCha20: the per-record nonce base, as an integer."""
+        self.salt = b""
+        """TLS 1.2 GCM/CCM: the 4-byte fixed part of the nonce."""
+        self.aes: algorithms.AES | None = None
+        self.mac_key = b""
+        self.explicit_iv = True
+        """CBC: each record starts with its IV (TLS 1.1+); else chained (TLS 1.0)."""
+
+    def __repr__(self) -> str:
+        return f"<_Direction {self.name} seq={self.seq} records={self.records}>"
+
+
+_RecordFn = Callable[[_Direction, int, int, Fragment], bytes]
+
+
+class TlsDecryptor:
+    """Follows one connection's key schedule; fed records in order per direction."""
+
+    def __init__(self, secrets: Mapping[str, bytes], cipher_suite: int, version: int,
+                 client_random: bytes, server_random: bytes, *,
+                 encrypt_then_mac: bool = False) -> None:
+        """Keys for the negotiated ``cipher_suite`` and ``version`` (from the ServerHello,
+        ``supported_versions`` included), from ``secrets`` (``KeyLog.secrets_for``).
+
+        ``encrypt_then_mac``: both hellos carried extension 22 (RFC 7366); only
+        matters for CBC suites. Raises :class:`DecryptError` when the suite or version
+        cannot be decrypted or a needed secret is missing.
+        """
+        spec = SUITES.get(cipher_suite)
+        if spec is None:
+            raise DecryptError(f"cipher suite {cipher_name(cipher_suite)} is not supported "
+                               f"for decryption")
+        self.spec = spec
+        """The negotiated suite's :class:`~netdiag.tls.suites.CipherSpec`."""
+        self.version = version
+        self.encrypt_then_mac = bool(encrypt_then_mac) and spec.kind == "cbc"
+        self._dirs = (_Direction("client"), _Direction("server"))
+        self._tls13 = version == TLS13
+        self._decrypt12: _RecordFn = self._decrypt_explicit_nonce
+        """TLS <= 1.2: the record decryption of the suite's kind."""
+        if self._tls13:
+            self._init_tls13(spec, secrets)
+        elif version in (TLS10, TLS11, TLS12):
+            self._init_tls12(spec, secrets, client_random, server_random)
+        else:
+            raise DecryptError(f"{version_name(version)} records cannot be decrypted")
+
+    def __repr__(self) -> str:
+        return (f"<TlsDecryptor {self.spec.name} {version_name(self.version)} "
+                f"{self._dirs[0]!r} {self._dirs[1]!r}>")
+
+    @property
+    def tls13(self) -> bool:
+        """The connection uses TLS 1.3."""
+        return self._tls13
+
+    def records(self, direction: int) -> int:
+        """Encrypted records of ``direction`` fed to :meth:`decrypt` so far."""
+        return self._dirs[direction].records
+
+    # -- TLS 1.3 set-up -------------------------------------------------------------------
+    def _init_tls13(self, spec: CipherSpec, secrets: Mapping[str, bytes]) -> None:
+        if not spec.tls13:
+            raise DecryptError(f"{spec.name} is not a TLS 1.3 cipher suite")
+        traffic = (CLIENT_HANDSHAKE_TRAFFIC_SECRET, SERVER_HANDSHAKE_TRAFFIC_SECRET,
+                   CLIENT_TRAFFIC_SECRET_0, SERVER_TRAFFIC_SECRET_0)
+        if not any(label in secrets for label in traffic):
+            raise DecryptError("the key log lacks " + ", ".join(traffic))
+        hlen = _HASH_LEN[spec.hash]
+        for label in (*traffic, CLIENT_EARLY_TRAFFIC_SECRET):
+            secret = secrets.get(label)
+            if secret is not None and len(secret) != hlen:
+                raise DecryptError(f"{label} is {len(secret)} bytes, {spec.name} needs {hlen}")
+        self._secrets13: dict[str, bytes] = {
+            label: bytes(secrets[label]) for label in (*traffic, CLIENT_EARLY_TRAFFIC_SECRET)
+            if label in secrets}
+        client, server = self._dirs
+        if CLIENT_EARLY_TRAFFIC_SECRET in self._secrets13:
+            self._install13(client, 0, _EARLY)
+        else:
+            self._install13(client, 0, _HANDSHAKE)
+        self._install13(server, 1, _HANDSHAKE)
+
+    def _keys13(self, secret: bytes) -> tuple[Aead, int]:
+        spec = self.spec
+        key = hkdf_expand_label(secret, b"key", b"", spec.key_len, spec.hash)
+        iv = hkdf_expand_label(secret, b"iv", b"", 12, spec.hash)
+        return _make_aead(spec, key), int.from_bytes(iv, "big")
+
+    def _install13(self, d: _Direction, direction: int, phase: int,
+                   secret: bytes | None = None) -> None:
+        """Switch ``d`` to ``phase`` (with ``secret``, else the key log's secret for it)."""
+        label = ""
+        if secret is None:
+            label = _LABELS13[phase][direction]
+            secret = self._secrets13.get(label)
+        if secret is None:
+            d.aead = None
+            d.secret = b""
+            d.missing = label
+        else:
+            d.aead, d.iv = self._keys13(secret)
+            d.secret = secret
+            d.missing = ""
+        d.phase = phase
+        d.seq = 0
+
+    def _next_key13(self, d: _Direction, direction: int) -> tuple[int, bytes | None, str]:
+        """The phase and secret after ``d``'s current key in the schedule, and the key
+        log label that is missing when there is no such secret."""
+        if d.phase == _APPLICATION:
+            if d.secret:
+                return _APPLICATION, self._update_secret(d.secret), ""
+            return _APPLICATION, None, d.missing
+        phase = _HANDSHAKE if d.phase == _EARLY else _APPLICATION
+        label = _LABELS13[phase][direction]
+        secret = self._secrets13.get(label)
+        return phase, secret, "" if secret is not None else label
+
+    def _update_secret(self, secret: bytes) -> bytes:
+        spec = self.spec
+        return hkdf_expand_label(secret, b"traffic upd", b"", _HASH_LEN[spec.hash], spec.hash)
+
+    # -- TLS 1.0-1.2 set-up ---------------------------------------------------------------
+    def _init_tls12(self, spec: CipherSpec, secrets: Mapping[str, bytes],
+                    client_random: bytes, server_random: bytes) -> None:
+        if spec.tls13:
+            raise DecryptError(f"{spec.name} is a TLS 1.3 cipher suite, "
+                               f"negotiated with {version_name(self.version)}")
+        if spec.kind == "aead" and self.version < TLS12:
+            raise DecryptError(f"{spec.name} needs TLS 1.2, negotiated "
+                               f"{version_name(self.version)}")
+        master = secrets.get(CLIENT_RANDOM)
+        if master is None:
+            raise DecryptError("the key log lacks CLIENT_RANDOM (the master secret)")
+        if len(master) != 48:
+            raise DecryptError(f"the master secret is {len(master)} bytes, expected 48")
+        if len(client_random) != 32 or len(server_random) != 32:
+            raise DecryptError("client and server randoms must be 32 bytes")
+        mac_len = spec.mac_len
+        key_len = spec.key_len
+        iv_len = spec.iv_len
+        size = 2 * (mac_len + key_len + iv_len)
+        seed = bytes(server_random) + bytes(client_random)
+        if self.version == TLS12:
+            block = prf_tls12(bytes(master), b"key expansion", seed, size, spec.hash)
+        else:
+            block = prf_tls10(bytes(master), b"key expansion", seed, size)
+        p = 0
+        parts = []
+        for n in (mac_len, mac_len, key_len, key_len, iv_len, iv_len):
+            parts.append(block[p:p + n])
+            p += n
+        for i, d in enumerate(self._dirs):
+            mac_key, key, iv = parts[i], parts[2 + i], parts[4 + i]
+            if spec.kind == "cbc":
+                d.mac_key = mac_key
+                d.aes = algorithms.AES(key)
+                d.explicit_iv = self.version >= TLS11
+                d.iv = int.from_bytes(iv, "big")  # TLS 1.0 only
+                d.salt = iv
+            else:
+                d.aead = _make_aead(spec, key)
+                d.salt = iv
+                d.iv = int.from_bytes(iv, "big")
+        if spec.kind == "cbc":
+            self._decrypt12 = self._decrypt_etm if self.encrypt_then_mac else self._decrypt_mte
+        elif spec.aead == "chacha20":
+            self._decrypt12 = self._decrypt_chacha
+        else:
+            self._decrypt12 = self._decrypt_explicit_nonce
+
+    # -- events from the caller -----------------------------------------------------------
+    def change_cipher_spec(self, direction: int) -> None:
+        """TLS <= 1.2: ``direction`` sent ChangeCipherSpec; its next records are encrypted.
+
+        Ignored in TLS 1.3 (compatibility CCS). A second one (renegotiation) makes
+        the following records of that direction raise :class:`DecryptError`.
+        """
+        if self._tls13:
+            return
+        d = self._dirs[direction]
+        if d.active:
+            d.renegotiated = True
+        d.active = True
+        d.seq = 0
+
+    def handshake_done(self, direction: int) -> None:
+        """TLS 1.3: ``direction`` sent its Finished; switch it to application keys.
+
+        Call it right after decrypting the record holding that Finished. Does
+        nothing when the direction already uses application keys (a post-handshake
+        authentication Finished) or in TLS <= 1.2.
+        """
+        if not self._tls13:
+            return
+        d = self._dirs[direction]
+        if d.phase != _APPLICATION:
+            self._install13(d, direction, _APPLICATION)
+
+    def key_update(self, direction: int) -> None:
+        """TLS 1.3: ``direction`` sent KeyUpdate; its next records use the next secret.
+
+        Call it right after decrypting the record holding the KeyUpdate. Ignored in
+        TLS <= 1.2.
+        """
+        if not self._tls13:
+            return
+        d = self._dirs[direction]
+        if d.phase != _APPLICATION:
+            self._install13(d, direction, _APPLICATION)
+        if d.secret:
+            self._install13(d, direction, _APPLICATION, self._update_secret(d.secret))
+        else:
+            d.seq = 0
+
+    # -- records --------------------------------------------------------------------------
+    def decrypt(self, direction: int, content_type: int, version: int,
+                fragment: Fragment) -> tuple[int, bytes]:
+        """One record of ``direction``: returns (content type, plaintext).
+
+        ``fragment`` is the record body as on the wire (after the 5-byte header),
+        ``content_type`` and ``version`` the header's. The content type returned is
+        the inner one in TLS 1.3, the header's in TLS <= 1.2. Records not encrypted
+        (TLS 1.3 outer types other than 23; TLS <= 1.2 before the direction's
+        ChangeCipherSpec) come back as they are. Raises :class:`DecryptError` when the
+        record does not authenticate; the state is then unchanged.
+        """
+        if not (0 <= content_type <= 0xFF and 0 <= version <= 0xFFFF):
+            raise DecryptError(f"bad record header (type {content_type}, version {version})")
+        d = self._dirs[direction]
+        if self._tls13:
+            if content_type != CT_APPLICATION_DATA:
+                return content_type, bytes(fragment)
+            d.records += 1
+            return self._decrypt13(d, direction, version, fragment)
+        if not d.active:
+            return content_type, bytes(fragment)
+        d.records += 1
+        if d.renegotiated:
+            raise DecryptError(f"the {d.name} renegotiated (second ChangeCipherSpec); "
+                               f"the new keys are not in the key log")
+        plain = self._decrypt12(d, content_type, version, fragment)
+        d.seq += 1
+        return content_type, plain
+
+    def _fail(self, d: _Direction) -> DecryptError:
+        return DecryptError(f"record {d.records} from {d.name} failed to authenticate")
+
+    # -- TLS 1.3 records ------------------------------------------------------------------
+    def _decrypt13(self, d: _Direction, direction: int, version: int,
+                   fragment: Fragment) -> tuple[int, bytes]:
+        n = len(fragment)
+        if n > 0xFFFF:
+            raise self._fail(d)
+        header = bytes((CT_APPLICATION_DATA, version >> 8, version & 0xFF, n >> 8, n & 0xFF))
+        aead = d.aead
+        plain: bytes | None = None
+        if aead is not None:
+            try:
+                plain = aead.decrypt((d.iv ^ d.seq).to_bytes(12, "big"), fragment, header)
+            except (InvalidTag, ValueError, OverflowError):
+                plain = None
+        if plain is None:
+            phase, secret, lacking = self._next_key13(d, direction)
+            if secret is not None:
+                aead, iv = self._keys13(secret)
+                try:
+                    plain = aead.decrypt(iv.to_bytes(12, "big"), fragment, header)
+                except (InvalidTag, ValueError, OverflowError):
+                    plain = None
+            if plain is None:
+                if d.aead is None:
+                    raise DecryptError(f"record {d.records} from {d.name} cannot be decrypted: "
+                                       f"the key log lacks {d.missing}")
+                if lacking:
+                    raise DecryptError(f"record {d.records} from {d.name} failed to "
+                                       f"authenticate (and the key log lacks {lacking})")
+                raise self._fail(d)
+            assert secret is not None
+            d.aead, d.iv, d.phase, d.secret, d.seq, d.missing = aead, iv, phase, secret, 0, ""
+        d.seq += 1
+        content = plain.rstrip(b"\x00")
+        if not content:
+            raise DecryptError(f"record {d.records} from {d.name} has no content type")
+        ctype = content[-1]
+        content = content[:-1]
+        if (d.phase == _EARLY and ctype == CT_HANDSHAKE and content
+                and content[0] == HS_END_OF_EARLY_DATA):
+            self._install13(d, direction, _HANDSHAKE)
+        return ctype, content
+
+    # -- TLS 1.2 records ------------------------------------------------------------------
+    def _decrypt_explicit_nonce(self, d: _Direction, ctype: int, version: int,
+                                fragment: Fragment) -> bytes:
+        """AES-GCM / AES-CCM: 8-byte explicit nonce, ciphertext, tag."""
+        n = len(fragment) - 8 - self.spec.tag_len
+        if n < 0 or n > 0xFFFF:
+            raise self._fail(d)
+        mv = memoryview(fragment)
+        aad = d.seq.to_bytes(8, "big") + bytes((ctype, version >> 8, version & 0xFF,
+                                                n >> 8, n & 0xFF))
+        aead = d.aead
+        assert aead is not None
+        try:
+            return aead.decrypt(d.salt + mv[:8], mv[8:], aad)
+        except (InvalidTag, ValueError, OverflowError):
+            raise self._fail(d) from None
+
+    def _decrypt_chacha(self, d: _Direction, ctype: int, version: int,
+                        fragment: Fragment) -> bytes:
+        """ChaCha20-Poly1305: ciphertext and tag, nonce from the sequence number."""
+        n = len(fragment) - 16
+        if n < 0 or n > 0xFFFF:
+            raise self._fail(d)
+        seq = d.seq
+        aad = seq.to_bytes(8, "big") + bytes((ctype, version >> 8, version & 0xFF,
+                                              n >> 8, n & 0xFF))
+        aead = d.aead
+        assert aead is not None
+        try:
+            return aead.decrypt((d.iv ^ seq).to_bytes(12, "big"), fragment, aad)
+        except (InvalidTag, ValueError, OverflowError):
+            raise self._fail(d) from None
+
+    def _cbc_decrypt(self, d: _Direction, iv: bytes, ciphertext: memoryview) -> bytes:
+        aes = d.aes
+        assert aes is not None
+        dec = Cipher(aes, modes.CBC(iv)).decryptor()
+        return dec.update(ciphertext) + dec.finalize()
+
+    def _mac(self, d: _Direction, ctype: int, version: int, data: memoryview | bytes) -> bytes:
+        n = len(data)
+        h = hmac.new(d.mac_key, d.seq.to_bytes(8, "big")
+                     + bytes((ctype, version >> 8, version & 0xFF, n >> 8, n & 0xFF)),
+                     self.spec.mac or "sha1")
+        h.update(data)
+        return h.digest()
+
+    def _decrypt_mte(self, d: _Direction, ctype: int, version: int,
+                     fragment: Fragment) -> bytes:
+        """AES-CBC, MAC-then-encrypt: [IV] + E(plaintext + MAC + padding)."""
+        mv = memoryview(fragment)
+        size = len(mv)
+        mac_len = self.spec.mac_len
+        start = _BLOCK if d.explicit_iv else 0
+        if size % _BLOCK or size - start < mac_len + 1 or size - start <= 0:
+            raise self._fail(d)
+        iv = bytes(mv[:_BLOCK]) if d.explicit_iv else d.iv.to_bytes(_BLOCK, "big")
+        out = self._cbc_decrypt(d, iv, mv[start:])
+        pad = out[-1]
+        end = len(out) - pad - 1 - mac_len
+        if end < 0 or out[-pad - 1:] != bytes((pad,)) * (pad + 1):
+            raise self._fail(d)
+        content = out[:end]
+        if not hmac.compare_digest(self._mac(d, ctype, version, content),
+                                   out[end:end + mac_len]):
+            raise self._fail(d)
+        if not d.explicit_iv:
+            d.iv = int.from_bytes(mv[size - _BLOCK:], "big")
+        return content
+
+    def _decrypt_etm(self, d: _Direction, ctype: int, version: int,
+                     fragment: Fragment) -> bytes:
+        """AES-CBC, encrypt-then-MAC (RFC 7366): [IV] + E(plaintext + padding) + MAC."""
+        mv = memoryview(fragment)
+        mac_len = self.spec.mac_len
+        body_len = len(mv) - mac_len
+        start = _BLOCK if d.explicit_iv else 0
+        if body_len % _BLOCK or body_len - start < _BLOCK:
+            raise self._fail(d)
+        body = mv[:body_len]
+        if not hmac.compare_digest(self._mac(d, ctype, version, body), bytes(mv[body_len:])):
+            raise self._fail(d)
+        iv = bytes(mv[:_BLOCK]) if d.explicit_iv else d.iv.to_bytes(_BLOCK, "big")
+        out = self._cbc_decrypt(d, iv, body[start:])
+        pad = out[-1]
+        if pad + 1 > len(out) or out[-pad - 1:] != bytes((pad,)) * (pad + 1):
+            raise self._fail(d)
+        if not d.explicit_iv:
+            d.iv = int.from_bytes(body[body_len - _BLOCK:], "big")
+        return out[:-pad - 1]
