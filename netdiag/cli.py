@@ -53,6 +53,9 @@ def cli() -> None:
               help="Connection reuse below this share is a finding.")
 @click.option("--retrans-max", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="Retransmissions above this share of TCP packets are a finding.")
+@click.option("--stall-ms", type=float, default=500.0, show_default=True,
+              help="Pauses between events of a streamed answer longer than this are a "
+                   "finding.")
 @click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
               help="Also parse this port as DNS (53 always is). Repeatable.")
 @click.option("--progress/--no-progress", default=None,
@@ -67,7 +70,8 @@ def cli() -> None:
                    "connections embedded (Wireshark decrypts it without a key log).")
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
-           retrans_max: float, dns_ports: tuple[int, ...], progress: bool | None,
+           retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
+           progress: bool | None,
            keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
@@ -75,7 +79,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
 
     thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
-                            reuse_min=reuse_min, retrans_max=retrans_max)
+                            reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=_load_keylogs(keylogs))
     out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -180,3 +181,57 @@ def test_help_and_version() -> None:
     assert run("--help").returncode == 0
     v = run("--version")
     assert v.returncode == 0 and "netdiag" in v.stdout
+
+
+KEYS = ROOT / "captures" / "antho.keys"
+
+
+def test_keylog_decrypts_and_streaming_summary() -> None:
+    doc = json.loads(run("report", str(ANTHO), "--keylog", str(KEYS), "--format", "json").stdout)
+    http = doc["summary"]["http"]
+    assert http["estimated"] is False and http["protocols"] == {"h2": http["requests"]}
+    st = http["streaming"]
+    assert st["responses"] >= 1 and st["first_event_ms"]["count"] == st["responses"]
+    assert st["longest_stall_ms"] == st["gap_ms"]["max"]
+    assert "streaming-stalls" not in {f["code"] for f in doc["findings"]}
+    low = json.loads(run("report", str(ANTHO), "--keylog", str(KEYS), "--format", "json",
+                         "--stall-ms", "0.001").stdout)
+    assert "streaming-stalls" in {f["code"] for f in low["findings"]}
+
+
+def test_malformed_keylog_is_one_line_with_its_line_number(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.keys"
+    bad.write_text("# comment\nCLIENT_RANDOM zz 00\n")
+    p = run("report", str(ANTHO), "--keylog", str(bad))
+    assert p.returncode == 1
+    assert p.stderr.count("\n") == 1 and "bad.keys:2" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_sslkeylogfile_from_environment(tmp_path: Path) -> None:
+    env = {**os.environ, "SSLKEYLOGFILE": str(KEYS)}
+    p = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO), "--format",
+                        "json"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["summary"]["http"]["estimated"] is False
+    env["SSLKEYLOGFILE"] = str(tmp_path / "absent.keys")
+    p = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO), "--format",
+                        "json"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert p.returncode == 0 and "absent.keys" in p.stderr
+    assert json.loads(p.stdout)["summary"]["http"]["estimated"] is True
+
+
+def test_write_pcapng_embeds_only_the_keys_of_its_connections(tmp_path: Path) -> None:
+    keys = tmp_path / "more.keys"
+    extra = "CLIENT_RANDOM " + "ab" * 32 + " " + "cd" * 48
+    keys.write_text(KEYS.read_text() + extra + "\n")
+    out = tmp_path / "shared.pcapng"
+    p = run("report", str(ANTHO), "--keylog", str(keys), "--format", "json",
+            "--write-pcapng", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "cdcdcd" not in p.stdout and "cdcdcd" not in p.stderr
+    data = out.read_bytes()
+    assert b"ab" * 32 not in data and b"CLIENT_TRAFFIC_SECRET_0" in data
+    again = json.loads(run("report", str(out), "--format", "json").stdout)
+    first = json.loads(p.stdout)
+    assert again["summary"]["http"] == first["summary"]["http"]

@@ -29,6 +29,8 @@ class Thresholds:
     """Reuse is judged only with at least this many requests."""
     retrans_max: float = 0.01
     """Retransmitted segments above this share of TCP packets are reported."""
+    stall_ms: float = 500.0
+    """A pause longer than this between two events of a streamed answer is a stall."""
 
 
 def _pct(x: float) -> str:
@@ -111,6 +113,16 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             f"(threshold {_ms(t.ttfb_slow_ms)})",
             "The server (or a layer in front of it) took long to start answering.",
             [lab for _v, lab in slow_ttfb]))
+    stalls = [(v, lab) for v, lab in s.stream_stalls.items() if v > t.stall_ms]
+    if stalls:
+        n = sum(1 for v in s.stream_gaps if v > t.stall_ms)
+        out.append(Finding(
+            "warning", "streaming-stalls",
+            f"Streamed answers stalled {n} time(s) for more than {_ms(t.stall_ms)}",
+            f"Longest pause between two events: {_ms(stalls[0][0])} ({stalls[0][1]}); "
+            f"median cadence {_ms(quantile(sorted(s.stream_gaps), 0.5))}. A user sees the "
+            "answer freeze: look at the origin's generation or at flow-control stalls.",
+            [lab for _v, lab in stalls]))
     if s.tcp_retransmissions and s.tcp_packets:
         share = s.tcp_retransmissions / s.tcp_packets
         if share > t.retrans_max:

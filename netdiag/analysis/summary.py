@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netdiag.analysis.stats import percentiles
-from netdiag.records import Connection, DnsTransaction, ns_to_ms
+from netdiag.records import Connection, DnsTransaction, Request, ns_to_ms
 
 TOP_K = 10
 """How many worst offenders are kept as evidence per category."""
@@ -87,6 +87,10 @@ class SummaryBuilder:
     http_estimated_requests: int = 0
     http_single_request_conns: list[str] = field(default_factory=list)
     http_slowest_ttfb: _Top = field(default_factory=_Top)
+    stream_responses: int = 0
+    stream_first_event: list[float] = field(default_factory=list)
+    stream_gaps: list[float] = field(default_factory=list)
+    stream_stalls: _Top = field(default_factory=_Top)
     slowest_connections: _Top = field(default_factory=_Top)
 
     def add_dns(self, t: DnsTransaction) -> None:
@@ -161,10 +165,23 @@ class SummaryBuilder:
                     worst = ms if worst is None else max(worst, ms)
                 if r.last_byte_ns is not None:
                     self.http_ttlb.append((r.last_byte_ns - r.ts_ns) / 1e6)
+                if r.sse_events:
+                    self._add_stream(c.id, r)
             if worst is not None:
                 self.http_slowest_ttfb.add(worst, c.id)
         row = slow_row(c)
         self.slowest_connections.add(row["worst_ms"], c.id, row)
+
+    def _add_stream(self, conn_id: str, r: Request) -> None:
+        """A streamed (SSE) answer: time to first event and the cadence after it."""
+        self.stream_responses += 1
+        if r.first_event_ns is not None:
+            self.stream_first_event.append((r.first_event_ns - r.ts_ns) / 1e6)
+        if r.chunk_gaps_ns:
+            gaps = [g / 1e6 for g in r.chunk_gaps_ns]
+            self.stream_gaps.extend(gaps)
+            where = f"{conn_id} stream {r.stream_id}" if r.stream_id else conn_id
+            self.stream_stalls.add(max(gaps), f"{where} {r.path or ''}".strip())
 
     @property
     def reuse_rate(self) -> float | None:
@@ -212,6 +229,12 @@ class SummaryBuilder:
                 "protocols": dict(self.http_protocols),
                 "estimated": self.http_estimated,
                 "estimated_requests": self.http_estimated_requests,
+                "streaming": {
+                    "responses": self.stream_responses,
+                    "first_event_ms": percentiles(self.stream_first_event),
+                    "gap_ms": percentiles(self.stream_gaps),
+                    "longest_stall_ms": max(self.stream_gaps) if self.stream_gaps else None,
+                },
             },
             "paths": {},
         }

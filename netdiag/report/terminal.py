@@ -83,7 +83,14 @@ def _counts(s: dict[str, Any]) -> Text:
     text.append("\nTLS ", style="bold")
     vers = ", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items())) or "none"
     text.append(f"{tls['handshakes']} handshakes ({vers}), {tls['resumed']} resumed, "
-                f"{tls['hello_retry']} HelloRetryRequest")
+                f"{tls['hello_retry']} HelloRetryRequest, {tls['decrypted']} decrypted")
+    st = s["http"]["streaming"]
+    if st["responses"]:
+        text.append("\nStreaming ", style="bold")
+        text.append(f"{st['responses']} SSE answers: first event p50 "
+                    f"{_ms(st['first_event_ms']['p50'])}, cadence p50 {_ms(st['gap_ms']['p50'])}"
+                    f" p99 {_ms(st['gap_ms']['p99'])}, longest stall "
+                    f"{_ms(st['longest_stall_ms'])}")
     return text
 
 
@@ -101,7 +108,10 @@ def _reuse_line(result: Result, s: dict[str, Any]) -> Text:
     if protos:
         text.append(f" ({protos})")
     if http["estimated"]:
-        text.append("\n~ estimated from encrypted record timing (no key log)", style="dim")
+        n, total = http["estimated_requests"], http["requests"]
+        what = "all requests" if n == total else f"{n} of {total} requests"
+        text.append(f"\n~ {what} estimated from encrypted record timing (no key for them)",
+                    style="dim")
     return text
 
 
