@@ -8,11 +8,10 @@ is reported); 4 internal error (a bug: set NETDIAG_DEBUG=1 for the traceback);
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 import sys
 import traceback
-from typing import IO, Any
 
 import click
 
@@ -23,144 +22,31 @@ EXIT_TRUNCATED = 3
 EXIT_INTERNAL = 4
 
 
-def _stderr_console() -> Any:
-    from rich.console import Console
+COMMANDS = {
+    "report": "netdiag.commands.report:report",
+}
+"""Subcommand name -> ``module:attribute``; imported only when the command runs."""
 
-    return Console(stderr=True)
+
+class LazyGroup(click.Group):
+    """A group whose subcommands live in their own modules, imported on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        cmd: click.Command = getattr(importlib.import_module(module), attr)
+        return cmd
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="netdiag")
 def cli() -> None:
     """Where the time goes between a client and an HTTPS API, from packets."""
-
-
-@cli.command()
-@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "jsonl"]), default="text",
-              show_default=True, help="Terminal report, one JSON document, or JSON Lines.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write the report here instead of standard output.")
-@click.option("--dns-slow-ms", type=float, default=100.0, show_default=True,
-              help="DNS answers slower than this are a finding.")
-@click.option("--rtt-slow-ms", type=float, default=100.0, show_default=True,
-              help="TCP handshakes slower than this are a finding.")
-@click.option("--tls-slow-ms", type=float, default=200.0, show_default=True,
-              help="TLS handshakes slower than this are a finding.")
-@click.option("--ttfb-slow-ms", type=float, default=1000.0, show_default=True,
-              help="Times to first byte longer than this are a finding.")
-@click.option("--reuse-min", type=click.FloatRange(0, 1), default=0.8, show_default=True,
-              help="Connection reuse below this share is a finding.")
-@click.option("--retrans-max", type=click.FloatRange(0, 1), default=0.01, show_default=True,
-              help="Retransmissions above this share of TCP packets are a finding.")
-@click.option("--stall-ms", type=float, default=500.0, show_default=True,
-              help="Pauses between events of a streamed answer longer than this are a "
-                   "finding.")
-@click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
-              help="Also parse this port as DNS (53 always is). Repeatable.")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr (default: when stderr is a terminal).")
-@click.option("--keylog", "keylogs", multiple=True, type=click.Path(dir_okay=False),
-              help="TLS key log (NSS format, as SSLKEYLOGFILE writes) to decrypt with. "
-                   "Repeatable; default: $SSLKEYLOGFILE. Keys embedded in a pcapng are "
-                   "used too.")
-@click.option("--write-pcapng", "write_pcapng",
-              type=click.Path(dir_okay=False, writable=True),
-              help="Also write the capture(s) as one pcapng with the TLS keys of its "
-                   "connections embedded (Wireshark decrypts it without a key log).")
-def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
-           rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
-           retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
-           progress: bool | None,
-           keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
-    """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
-    from netdiag.analysis.findings import Thresholds
-    from netdiag.pipeline import Options
-
-    thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
-                            tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
-                            reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
-    options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=_load_keylogs(keylogs))
-    out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
-    try:
-        result = _run_report(list(captures), fmt, options, out, progress)
-    finally:
-        if output:
-            out.close()
-    if write_pcapng:
-        from netdiag.pipeline import export_pcapng
-
-        n, keys = export_pcapng(list(captures), write_pcapng, result)
-        _stderr_console().print(f"wrote {write_pcapng}: {n} packets, keys of {keys} TLS "
-                                "connection(s) embedded", highlight=False)
-    if result.capture.truncated:
-        sys.exit(EXIT_TRUNCATED)
-
-
-def _load_keylogs(paths: tuple[str, ...]) -> Any:
-    """The key logs named, or $SSLKEYLOGFILE's, merged; None when there is none."""
-    from netdiag.tls.keylog import KeyLog
-
-    if not paths:
-        env = os.environ.get("SSLKEYLOGFILE")
-        if not env:
-            return None
-        if not os.path.exists(env):
-            _stderr_console().print(f"[yellow]warning:[/] SSLKEYLOGFILE names {env}, which "
-                                    "does not exist; reporting without keys", highlight=False)
-            return None
-        paths = (env,)
-    merged = KeyLog()
-    for p in paths:
-        merged.merge(KeyLog.from_file(p))
-    return merged
-
-
-def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
-                progress: bool | None) -> Any:
-    from netdiag.pipeline import analyze
-    from netdiag.report.records_out import CollectingSink, JsonlSink
-
-    err = _stderr_console()
-    show_progress = err.is_terminal if progress is None else progress
-    bar = None
-    if show_progress:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
-        bar = Progress("[progress.description]{task.description}", BarColumn(),
-                       DownloadColumn(), TimeRemainingColumn(), console=err, transient=True)
-        task = bar.add_task("reading", total=None)
-
-        def _update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total or None)
-
-        options.progress = _update
-        bar.start()
-    try:
-        if fmt == "jsonl":
-            jsink = JsonlSink(out)
-            result = analyze(captures, jsink, options)
-            jsink.end(result)
-        else:
-            csink = CollectingSink()
-            result = analyze(captures, csink, options)
-            if fmt == "json":
-                json.dump(csink.document(result), out, indent=2)
-                out.write("\n")
-            else:
-                from rich.console import Console
-
-                from netdiag.report.terminal import render
-
-                render(result, Console(file=out) if out is not sys.stdout else Console())
-    finally:
-        if bar is not None:
-            bar.stop()
-    for w in result.capture.warnings:
-        if w.kind == "capture":
-            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
-    return result
 
 
 def main() -> None:

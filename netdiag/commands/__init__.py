@@ -1,0 +1,1 @@
+"""One module per ``netdiag`` subcommand (see ``netdiag.cli.COMMANDS``)."""
