@@ -9,6 +9,7 @@ is reported); 4 internal error (a bug: set NETDIAG_DEBUG=1 for the traceback);
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import traceback
@@ -24,6 +25,10 @@ EXIT_INTERNAL = 4
 
 COMMANDS = {
     "report": "netdiag.commands.report:report",
+    "lab": "netdiag.commands.lab:lab",
+    "capture": "netdiag.commands.capture:capture",
+    "probe": "netdiag.commands.probe:probe",
+    "dns": "netdiag.commands.dns:dns",
 }
 """Subcommand name -> ``module:attribute``; imported only when the command runs."""
 
@@ -32,11 +37,12 @@ class LazyGroup(click.Group):
     """A group whose subcommands live in their own modules, imported on demand."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(name for name, target in COMMANDS.items()
+                      if importlib.util.find_spec(target.partition(":")[0]) is not None)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
-        if target is None:
+        if target is None or importlib.util.find_spec(target.partition(":")[0]) is None:
             return None
         module, _, attr = target.partition(":")
         cmd: click.Command = getattr(importlib.import_module(module), attr)
