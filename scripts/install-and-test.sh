@@ -3,9 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v tshark >/dev/null || ! command -v tcpdump >/dev/null; then
+if ! command -v tshark >/dev/null || ! command -v tcpdump >/dev/null \
+        || ! command -v redis-server >/dev/null; then
     apt-get update -qq
-    apt-get install -y -qq tshark tcpdump >/dev/null
+    apt-get install -y -qq tshark tcpdump redis-server >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m ruff check .
