@@ -224,7 +224,8 @@ class Request:
     response_headers: list[tuple[str, str]] | None = None
     """Decoded response headers, for HAR export."""
 
-    def to_json(self, connection_id: str | None = None) -> dict[str, Any]:
+    def to_json(self, connection_id: str | None = None,
+                headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "stream_id": self.stream_id, "ts": ns_to_ts(self.ts_ns), "method": self.method,
             "authority": self.authority, "path": self.path, "status": self.status,
@@ -242,7 +243,13 @@ class Request:
             "reset": self.reset,
             "reset_by": self.reset_by,
             "stall_ms": ns_to_ms(self.stall_ns),
+            "send_ms": span_ms(self.ts_ns, self.end_ns),
         }
+        if headers:
+            out["request_headers"] = (None if self.request_headers is None
+                                      else [list(h) for h in self.request_headers])
+            out["response_headers"] = (None if self.response_headers is None
+                                       else [list(h) for h in self.response_headers])
         if connection_id is not None:
             out["connection"] = connection_id
         return out
@@ -301,7 +308,7 @@ class Connection:
     """HTTP/2 connection facts where decoded: ``{max_concurrent_streams, settings:
     {client, server}, goaway, rst_streams, flow_control_stalls}``."""
 
-    def to_json(self, with_requests: bool = True) -> dict[str, Any]:
+    def to_json(self, with_requests: bool = True, headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id, "ts": ns_to_ts(self.ts_ns), "client": self.client,
             "server": self.server, "transport": self.transport,
@@ -316,7 +323,7 @@ class Connection:
             "protocol": self.protocol, "path": self.path, "http2": self.http2,
         }
         if with_requests:
-            out["requests"] = [r.to_json() for r in self.requests]
+            out["requests"] = [r.to_json(headers=headers) for r in self.requests]
         return out
 
 

@@ -27,8 +27,8 @@ class CollectingSink:
     def connection(self, c: Connection) -> None:
         self.connections.append(c)
 
-    def document(self, result: Result) -> dict[str, Any]:
-        """The contract's single JSON object."""
+    def document(self, result: Result, headers: bool = False) -> dict[str, Any]:
+        """The contract's single JSON object (``headers``: decoded HTTP headers too)."""
         self.dns_records.sort(key=lambda t: (t.ts_ns, t.id))
         self.connections.sort(key=_conn_order)
         return {
@@ -37,7 +37,7 @@ class CollectingSink:
             "capture": result.capture.to_json(),
             "summary": result.summary_json(),
             "dns": [t.to_json() for t in self.dns_records],
-            "connections": [c.to_json() for c in self.connections],
+            "connections": [c.to_json(headers=headers) for c in self.connections],
             "findings": [f.to_json() for f in result.findings],
         }
 
