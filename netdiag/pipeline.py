@@ -25,6 +25,7 @@ from netdiag.protocols.base import HttpAnalyzer, StreamAnalyzer
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.protocols.http1 import Http1Analyzer
 from netdiag.protocols.http2 import Http2Analyzer
+from netdiag.protocols.resp import RESP_PORTS, RespAnalyzer, looks_like_resp
 from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
 from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
 from netdiag.records import Connection, DnsTransaction, Finding, Warning_, ns_to_ts
@@ -166,6 +167,9 @@ class _Run:
         if first.startswith(HTTP1_METHODS):
             conn.protocol = "http/1.1"
             return Http1Analyzer()
+        if _port(conn.server) in RESP_PORTS or looks_like_resp(first):
+            conn.protocol = "resp"
+            return RespAnalyzer()
         return None
 
     def _sync_secrets(self) -> None:
@@ -195,13 +199,14 @@ class _Run:
             if app is not None:
                 conn.protocol = app.protocol
                 conn.http2 = app.http2
-        elif isinstance(an, Http1Analyzer | Http2Analyzer):
+        elif isinstance(an, Http1Analyzer | Http2Analyzer | RespAnalyzer):
             conn.requests = an.requests
             conn.protocol = an.protocol
             conn.http2 = an.http2
         if an is not None:
             kind = ("tls" if isinstance(an, TlsAnalyzer) else
-                    "http" if isinstance(an, Http1Analyzer | Http2Analyzer) else "dns")
+                    "http" if isinstance(an, Http1Analyzer | Http2Analyzer) else
+                    "resp" if isinstance(an, RespAnalyzer) else "dns")
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in an.warnings:
                 self.facts.warn(Warning_(kind, f"{where}: {msg}"))
@@ -218,6 +223,8 @@ def _app_for_tls(alpn: str | None, first: bytes) -> HttpAnalyzer | None:
         return Http2Analyzer(protocol="h2")
     if first.startswith(HTTP1_METHODS):
         return Http1Analyzer(tls=True)
+    if looks_like_resp(first):
+        return RespAnalyzer()
     return None
 
 

@@ -88,6 +88,11 @@ class SummaryBuilder:
     http_single_request_conns: list[str] = field(default_factory=list)
     http_slowest_ttfb: _Top = field(default_factory=_Top)
     stream_responses: int = 0
+    resp_connections: int = 0
+    resp_commands: Counter[str] = field(default_factory=Counter)
+    resp_errors: int = 0
+    resp_latency: list[float] = field(default_factory=list)
+    resp_slowest: _Top = field(default_factory=_Top)
     stream_first_event: list[float] = field(default_factory=list)
     stream_gaps: list[float] = field(default_factory=list)
     stream_stalls: _Top = field(default_factory=_Top)
@@ -147,6 +152,9 @@ class SummaryBuilder:
             if tls.alert and tls.alert.startswith("fatal") and len(self.tls_alerts) < TOP_K:
                 self.tls_alerts.append(f"{c.id}: {tls.alert}")
         reqs = c.requests
+        if c.protocol == "resp":
+            self._add_resp(c)
+            reqs = []
         if reqs:
             self.http_requests += len(reqs)
             self.http_connections += 1
@@ -171,6 +179,18 @@ class SummaryBuilder:
                 self.http_slowest_ttfb.add(worst, c.id)
         row = slow_row(c)
         self.slowest_connections.add(row["worst_ms"], c.id, row)
+
+    def _add_resp(self, c: Connection) -> None:
+        """Redis commands: their own figures, kept out of the HTTP ones."""
+        self.resp_connections += 1
+        for r in c.requests:
+            self.resp_commands[r.method or "?"] += 1
+            if r.reset:
+                self.resp_errors += 1
+            if r.first_byte_ns is not None:
+                ms = (r.first_byte_ns - r.ts_ns) / 1e6
+                self.resp_latency.append(ms)
+                self.resp_slowest.add(ms, f"{c.id} {r.method}")
 
     def _add_stream(self, conn_id: str, r: Request) -> None:
         """A streamed (SSE) answer: time to first event and the cadence after it."""
@@ -235,6 +255,13 @@ class SummaryBuilder:
                     "gap_ms": percentiles(self.stream_gaps),
                     "longest_stall_ms": max(self.stream_gaps) if self.stream_gaps else None,
                 },
+            },
+            "resp": {
+                "connections": self.resp_connections,
+                "commands": sum(self.resp_commands.values()),
+                "by_command": dict(self.resp_commands),
+                "errors": self.resp_errors,
+                "latency_ms": percentiles(self.resp_latency),
             },
             "paths": {},
         }
