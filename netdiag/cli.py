@@ -29,6 +29,10 @@ COMMANDS = {
     "capture": "netdiag.commands.capture:capture",
     "probe": "netdiag.commands.probe:probe",
     "dns": "netdiag.commands.dns:dns",
+    "paths": "netdiag.commands.paths:paths",
+    "trace": "netdiag.commands.trace:trace",
+    "diff": "netdiag.commands.diff:diff",
+    "verify": "netdiag.commands.verify:verify",
 }
 """Subcommand name -> ``module:attribute``; imported only when the command runs."""
 

@@ -12,14 +12,21 @@ import click
 from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
+FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 
 
 @click.command()
 @click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "jsonl"]), default="text",
-              show_default=True, help="Terminal report, one JSON document, or JSON Lines.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write the report here instead of standard output.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
+              show_default=True,
+              help="Terminal report, one JSON document, JSON Lines (streamed), HAR 1.2, a "
+                   "self-contained HTML page, or one CSV per record type (-o DIRECTORY).")
+@click.option("-o", "--output", type=click.Path(writable=True),
+              help="Write the report here instead of standard output (a directory for "
+                   "csv).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+              help="Path profile (TOML, docs/profiles.md): put every connection on a named "
+                   "path and hop. Without it, paths are inferred and marked so.")
 @click.option("--dns-slow-ms", type=float, default=100.0, show_default=True,
               help="DNS answers slower than this are a finding.")
 @click.option("--rtt-slow-ms", type=float, default=100.0, show_default=True,
@@ -50,22 +57,32 @@ EXIT_TRUNCATED = 3
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
-           progress: bool | None,
+           progress: bool | None, profile_path: str | None,
            keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
     from netdiag.pipeline import Options
+
+    if fmt == "csv" and not output:
+        raise click.UsageError("--format csv writes one file per record type: give -o DIRECTORY")
+    profile = None
+    if profile_path:
+        from netdiag.paths.profile import load_profile
+
+        profile = load_profile(profile_path)
 
     thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=_load_keylogs(keylogs))
-    out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+    to_file = bool(output) and fmt != "csv"
+    out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
+                    else sys.stdout)
     try:
-        result = _run_report(list(captures), fmt, options, out, progress)
+        result = _run_report(list(captures), fmt, options, out, progress, profile, output)
     finally:
-        if output:
+        if to_file:
             out.close()
     if write_pcapng:
         from netdiag.pipeline import export_pcapng
@@ -97,7 +114,7 @@ def _load_keylogs(paths: tuple[str, ...]) -> Any:
 
 
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
-                progress: bool | None) -> Any:
+                progress: bool | None, profile: Any, output: str | None) -> Any:
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
@@ -124,21 +141,48 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         else:
             csink = CollectingSink()
             result = analyze(captures, csink, options)
-            if fmt == "json":
-                json.dump(csink.document(result), out, indent=2)
-                out.write("\n")
-            else:
-                from rich.console import Console
-
-                from netdiag.report.terminal import render
-
-                render(result, Console(file=out) if out is not sys.stdout else Console())
     finally:
         if bar is not None:
             bar.stop()
+    if fmt != "jsonl":
+        _write_collected(fmt, result, csink, options, out, profile, output)
     for w in result.capture.warnings:
         if w.kind == "capture":
             err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     return result
 
 
+def _write_collected(fmt: str, result: Any, sink: Any, options: Any, out: IO[str],
+                     profile: Any, output: str | None) -> None:
+    """Paths over the collected records, then the chosen format."""
+    from netdiag.paths.apply import apply_paths
+
+    doc = sink.document(result, headers=fmt in ("har", "html"))
+    analysis = apply_paths(doc, sink.connections, sink.dns_records, profile,
+                           options.thresholds)
+    if fmt == "json":
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    elif fmt == "har":
+        from netdiag.report.har import build_har
+
+        json.dump(build_har(doc), out, indent=2, ensure_ascii=False)
+        out.write("\n")
+    elif fmt == "html":
+        from netdiag.report.html import render_html
+
+        out.write(render_html(doc))
+    elif fmt == "csv":
+        from pathlib import Path
+
+        from netdiag.report.csv_out import write_csv
+
+        files = write_csv(doc, Path(output or "."))
+        stderr_console().print(f"wrote {len(files)} CSV files to {output}", highlight=False)
+    else:
+        from rich.console import Console
+
+        from netdiag.report.terminal import render
+
+        render(result, Console(file=out) if out is not sys.stdout else Console(),
+               paths=analysis, connections=sink.connections)

@@ -141,14 +141,14 @@ def _slowest(result: Result, n: int = 5) -> Table | None:
     return t
 
 
-def _findings(result: Result) -> Group | Table:
-    if not result.findings:
+def _findings(findings: list[Any]) -> Group | Table:
+    if not findings:
         return Group(Text("No findings: nothing crossed a threshold.", style="green"))
     t = Table(title="Findings", box=None, title_justify="left", show_header=False,
               padding=(0, 1, 1, 0))
     t.add_column("severity", no_wrap=True)
     t.add_column("finding", ratio=1)
-    for f in result.findings:
+    for f in findings:
         body = Text()
         body.append(f.title, style="bold")
         body.append(f"\n{f.detail}")
@@ -159,14 +159,33 @@ def _findings(result: Result) -> Group | Table:
     return t
 
 
-def render(result: Result, console: Console) -> None:
-    """Print the whole terminal report."""
+def _paths(paths: Any, connections: Any) -> list[Any]:
+    """The path section: attribution, latency budget per path, and the differences."""
+    from netdiag.paths.render import attribution_line, budget_table, differences
+
+    budgets = [paths.budgets[n] for n in sorted(paths.budgets) if paths.budgets[n].roots]
+    out: list[Any] = [Text("Paths", style="bold"), Text(attribution_line(connections))]
+    if budgets:
+        out.append(budget_table(budgets))
+        out.append(differences(paths))
+    return out
+
+
+def render(result: Result, console: Console, paths: Any = None,
+           connections: Any = None) -> None:
+    """Print the whole terminal report (``paths``: a ``PathsAnalysis`` to include)."""
     s = result.summary.build()
     console.print(_header(result))
     console.print(_latency_table(s))
     console.print(_counts(s))
     console.print(_reuse_line(result, s))
+    if paths is not None and connections:
+        for part in _paths(paths, connections):
+            console.print(part)
     slow = _slowest(result)
     if slow is not None:
         console.print(slow)
-    console.print(_findings(result))
+    findings = list(result.findings) + (list(paths.findings) if paths is not None else [])
+    order = {"critical": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: order.get(f.severity, 3))
+    console.print(_findings(findings))

@@ -1,0 +1,114 @@
+"""``netdiag paths``: per path, its hop chain and latency budget, and how paths differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, Any
+
+import click
+
+from netdiag.console import stderr_console
+
+EXIT_TRUNCATED = 3
+
+
+@click.command()
+@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+              help="Path profile (TOML, see docs/profiles.md). Without one, paths are "
+                   "inferred from the capture and marked as inferred.")
+@click.option("--keylog", "keylogs", multiple=True, type=click.Path(dir_okay=False),
+              help="TLS key log to decrypt with. Repeatable; default: $SSLKEYLOGFILE. "
+                   "Keys embedded in a pcapng are used too.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Terminal tables or one JSON document.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write here instead of standard output.")
+@click.option("--connections", "show_connections", is_flag=True,
+              help="Also list every connection with its path, hop and evidence.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the bootstrap that compares paths.")
+@click.option("--resp-slow-ms", type=float, default=10.0, show_default=True,
+              help="Redis (token store) commands with a p99 above this are a finding.")
+@click.option("--stall-ms", type=float, default=500.0, show_default=True,
+              help="Pauses between events of a streamed answer longer than this are a "
+                   "finding.")
+@click.option("--reuse-min", type=click.FloatRange(0, 1), default=0.8, show_default=True,
+              help="Connection reuse at a hop below this share is a finding.")
+@click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
+              help="Also parse this port as DNS (53 always is). Repeatable.")
+def paths(captures: tuple[str, ...], profile_path: str | None, keylogs: tuple[str, ...],
+          fmt: str, output: str | None, show_connections: bool, seed: int,
+          resp_slow_ms: float, stall_ms: float, reuse_min: float,
+          dns_ports: tuple[int, ...]) -> None:
+    """Per path: the hop chain and latency budget, and where the paths differ."""
+    from netdiag import CONTRACT_VERSION, __version__
+    from netdiag.analysis.findings import Thresholds
+    from netdiag.paths.apply import analyze_paths
+    from netdiag.paths.findings import PathThresholds
+    from netdiag.paths.profile import load_profile
+    from netdiag.pipeline import Options, analyze
+    from netdiag.report.records_out import CollectingSink
+
+    profile = load_profile(profile_path) if profile_path else None
+    thresholds = Thresholds(stall_ms=stall_ms, reuse_min=reuse_min)
+    options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
+                      keylog=_load_keylogs(keylogs))
+    sink = CollectingSink()
+    result = analyze(list(captures), sink, options)
+    doc = sink.document(result)
+    conns = sink.connections
+    analysis = analyze_paths(conns, sink.dns_records, profile, thresholds=thresholds,
+                             path_thresholds=PathThresholds(resp_slow_ms=resp_slow_ms),
+                             seed=seed)
+    out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+    try:
+        if fmt == "json":
+            from netdiag.paths.apply import annotate_document
+
+            annotate_document(doc, conns, analysis)
+            json.dump({
+                "contract": CONTRACT_VERSION, "netdiag_version": __version__,
+                "capture": doc["capture"],
+                "profile": None if profile is None else profile.source,
+                "paths": analysis.summary(),
+                "path_comparison": analysis.comparison_json(),
+                "findings": [f.to_json() for f in analysis.findings],
+                "connections": doc["connections"],
+            }, out, indent=2)
+            out.write("\n")
+        else:
+            from rich.console import Console
+
+            from netdiag.paths.render import render_all
+
+            console = Console(file=out) if output else Console()
+            for item in render_all(analysis, conns, show_connections):
+                console.print(item)
+                console.print()
+    finally:
+        if output:
+            out.close()
+    err = stderr_console()
+    for w in result.capture.warnings:
+        if w.kind == "capture":
+            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    if result.capture.truncated:
+        sys.exit(EXIT_TRUNCATED)
+
+
+def _load_keylogs(paths: tuple[str, ...]) -> Any:
+    """The key logs named, or $SSLKEYLOGFILE's, merged; None when there is none."""
+    from netdiag.tls.keylog import KeyLog
+
+    if not paths:
+        env = os.environ.get("SSLKEYLOGFILE")
+        if not env or not os.path.exists(env):
+            return None
+        paths = (env,)
+    merged = KeyLog()
+    for p in paths:
+        merged.merge(KeyLog.from_file(p))
+    return merged

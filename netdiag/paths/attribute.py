@@ -1,0 +1,150 @@
+"""Give every connection its path: ``{name, hop, evidence, inferred}`` or None.
+
+1. **Profile.** The first path whose rule matches (``inferred: false``), with one
+   evidence line per key of the rule.
+2. **Inferred from the chains** (:mod:`netdiag.paths.chains`), for connections no rule
+   matches (or without a profile), each with the evidence it rests on:
+
+   * a connection whose requests were caused by requests of another connection belongs
+     to that connection's path; its hop is named by what it does: ``proxy`` (it calls
+     further hops; ``proxy 2``, ``proxy 3`` deeper down), ``store`` (Redis commands)
+     or ``origin`` (it calls nothing);
+   * a connection whose requests nothing captured caused is client-facing: to a proxy
+     server (one whose requests consistently contain upstream requests from its
+     address, or link by request id) it is path ``via SERVER``, hop ``edge``;
+     otherwise path ``direct SERVER``, hop ``origin`` (``store`` for Redis);
+   * a connection without requests takes the path of another connection between the
+     same client address and server (``no request seen``), else stays None.
+3. **None** otherwise (DNS connections, lone connections without requests): never a
+   silent guess.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from netdiag.paths.chains import Chains, Node, is_resp, link_requests
+from netdiag.paths.profile import Profile, split_endpoint
+from netdiag.records import Connection
+
+
+def _path(name: str, hop: str, evidence: list[str], inferred: bool) -> dict[str, Any]:
+    return {"name": name, "hop": hop, "evidence": evidence, "inferred": inferred}
+
+
+def attribute(connections: list[Connection], profile: Profile | None) -> Chains:
+    """Set ``conn.path`` on every connection; returns the request call graph it used."""
+    for c in connections:
+        c.path = None
+    trusted: list[str] = []
+    if profile is not None:
+        for c in connections:
+            m = profile.match(c)
+            if m is not None:
+                c.path = m.to_path()
+                trusted.append(c.id)
+    chains = link_requests(connections, trusted)
+    _infer(connections, chains, profile)
+    return chains
+
+
+def _role(chains: Chains, conn: Connection, depth: int) -> str:
+    """Hop name for an inferred hop from what its requests do."""
+    nodes = [chains.node(conn.id, i) for i in range(len(conn.requests))]
+    if any(n is not None and n.children for n in nodes) or chains.is_proxy(conn.server):
+        return "proxy" if depth <= 1 else f"proxy {depth}"
+    if is_resp(conn) or any(r.protocol == "resp" for r in conn.requests):
+        return "store"
+    return "origin"
+
+
+def _conn_depth(chains: Chains, conn: Connection) -> int:
+    depths = [chains.depth(n) for i in range(len(conn.requests))
+              if (n := chains.node(conn.id, i)) is not None]
+    return min(depths) if depths else 0
+
+
+def _infer(connections: list[Connection], chains: Chains, profile: Profile | None) -> None:
+    unmatched_note = ["no rule of the profile matches"] if profile is not None else []
+    by_id = {c.id: c for c in connections}
+    with_requests = [c for c in connections if c.requests and c.path is None]
+    # parents before children: shallowest first
+    with_requests.sort(key=lambda c: (_conn_depth(chains, c), c.ts_ns))
+    for c in with_requests:
+        nodes = [n for i in range(len(c.requests)) if (n := chains.node(c.id, i)) is not None]
+        parents: list[Node] = [n.parent for n in nodes if n.parent is not None]
+        if parents:
+            _infer_child(c, nodes, parents, chains, by_id, unmatched_note)
+        else:
+            _infer_root(c, nodes, chains, unmatched_note)
+    # connections without requests: same client address and server as an attributed one
+    peers: dict[tuple[str, str], Connection] = {}
+    for o in connections:
+        if o.path is not None and o.requests:
+            peers.setdefault((split_endpoint(o.client)[0], o.server), o)
+    for c in connections:
+        if c.path is not None or c.requests or c.protocol == "dns":
+            continue
+        peer = peers.get((split_endpoint(c.client)[0], c.server))
+        if peer is None or peer.path is None:
+            continue
+        c.path = _path(peer.path["name"], peer.path["hop"], [
+            *unmatched_note, f"no request seen on it; {peer.id} from the same client "
+            f"address to the same server {c.server} is on {peer.path['name']} "
+            f"({peer.path['hop']})"], True)
+
+
+def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], chains: Chains,
+                 by_id: dict[str, Connection], note: list[str]) -> None:
+    names = Counter(p.conn.path["name"] for p in parents if p.conn.path is not None)
+    if not names:
+        return
+    name, _n = names.most_common(1)[0]
+    depth = _conn_depth(chains, c)
+    hop = _role(chains, c, depth)
+    pconns = sorted({p.conn.id for p in parents}, key=lambda i: int(i[1:])
+                    if i[1:].isdigit() else 0)
+    pconn = by_id[pconns[0]]
+    phop = pconn.path["hop"] if pconn.path is not None else "?"
+    sender = split_endpoint(c.client)[0]
+    linked = sum(1 for n in nodes if n.parent is not None)
+    shown = ", ".join(pconns[:5]) + (f" and {len(pconns) - 5} more" if len(pconns) > 5 else "")
+    links = {n.link for n in nodes if n.parent is not None}
+    how = ("the same request id" if links == {"request-id"} else
+           "time containment and the same request id" if links == {"address+request-id"}
+           else "time containment")
+    ev = [*note,
+          f"{linked} of {len(nodes)} requests on it were sent by {sender} while it served "
+          f"requests of {shown} ({name}, {phop}); linked by {how}"]
+    pev = chains.proxies.get(pconn.server)
+    if pev is not None and pev.is_proxy:
+        ev.append(pev.sentence)
+    if len(names) > 1:
+        ev.append("requests of other paths caused some of its requests too: " +
+                  ", ".join(f"{k} {v}" for k, v in names.most_common()[1:]))
+    c.path = _path(name, hop, ev, True)
+
+
+def _infer_root(c: Connection, nodes: list[Node], chains: Chains, note: list[str]) -> None:
+    pev = chains.proxies.get(c.server)
+    calls = any(n.children for n in nodes)
+    if (pev is not None and pev.is_proxy) or calls:
+        ev = [*note]
+        if pev is not None:
+            ev.append(pev.sentence + ("" if pev.is_proxy else
+                                      " (linked by request id)"))
+        ev.append(f"no captured request caused the requests on it: {c.server} is the "
+                  "client-facing hop")
+        c.path = _path(f"via {c.server}", "edge", ev, True)
+        return
+    hop = "store" if is_resp(c) or any(r.protocol == "resp" for r in c.requests) else "origin"
+    ip = split_endpoint(c.server)[0]
+    if pev is None:
+        why = (f"none of the requests to {c.server} were followed by upstream requests "
+               f"from {ip}")
+    else:
+        why = (pev.sentence + " (fewer than 80% of at least 3 requests: not taken for a "
+               "proxy)")
+    c.path = _path(f"direct {c.server}", hop, [
+        *note, f"no captured request caused the requests on it, and {why}"], True)

@@ -1,0 +1,457 @@
+"""Latency budget per path, and the difference between paths with a bootstrap CI.
+
+Per path (``summary.paths``), from its client-facing requests and their chains
+(:mod:`netdiag.paths.chains`). A client-facing request is one no captured request
+caused, on a connection none of whose requests another request caused, and not a Redis
+command at a hop other than the path's first (a proxy's start-up ``SCRIPT LOAD``):
+
+* ``dns_ms``: DNS transactions whose answers contain the address of one of the path's
+  client-facing servers;
+* ``tcp_ms`` / ``tls_ms``: TCP and TLS handshakes of the client-facing connections;
+* per hop: ``own_ms`` (the hop's own time within the client's time to first byte,
+  summed over the hop's steps of one request), ``setup_ms`` (TCP + TLS handshakes of
+  connections *to* this hop opened for the request), ``wait_ms`` (time to first byte
+  of each request the hop served), connection reuse at the hop;
+* ``think_ms``: the origin hop's time to first byte (the hop named ``origin``, else a
+  profile path's last hop);
+* ``transfer_ms``: last byte minus first byte of the client-facing requests.
+
+Each is a contract percentile block (``p50`` is the median), one sample per request
+(per DNS transaction, per connection for handshakes).
+
+Paths are compared pairwise (the one with the longer median time to first byte first)
+on every phase both have, and on every hop only the first has: the difference of the
+medians with a seeded percentile bootstrap (:data:`RESAMPLES` resamples, 95%; a phase
+whose samples repeat an earlier one's, as a one-hop path's origin time repeats its time
+to first byte, is compared once). A
+difference is *supported* when each side has at least :data:`MIN_SAMPLES` samples and
+the interval excludes 0; otherwise the sentence declines ("not enough evidence").
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from netdiag.analysis.stats import percentiles, quantile
+from netdiag.paths.chains import Chains, Node, is_resp
+from netdiag.paths.profile import Profile, split_endpoint
+from netdiag.records import Connection, DnsTransaction
+
+RESAMPLES = 2000
+"""Bootstrap resamples per comparison."""
+LEVEL = 0.95
+"""Confidence level of the bootstrap interval."""
+MIN_SAMPLES = 5
+"""Fewest samples on each side for a difference to be stated."""
+BOOTSTRAP_CAP = 400
+"""Samples per side a bootstrap uses at most: a larger side is replaced by a seeded
+random subsample of this size (the interval is then a little wider than it need be)."""
+
+
+def _ms(a: int | None, b: int | None) -> float | None:
+    return None if a is None or b is None else (b - a) / 1e6
+
+
+@dataclass
+class HopBudget:
+    """What one hop of one path cost."""
+
+    name: str
+    depth: int | None = None
+    """Smallest depth at which the hop appears in a chain (0: client-facing)."""
+    servers: list[str] = field(default_factory=list)
+    own: list[float] = field(default_factory=list)
+    """Per client request: the hop's own time within the time to first byte (ms)."""
+    own_split: dict[str, list[float]] = field(default_factory=lambda: {
+        "before_calls": [], "between_calls": [], "after_calls": []})
+    """Per client request where the hop called others within its wait: its own time
+    before the first call, between calls and after the last call (ms)."""
+    setup: list[float] = field(default_factory=list)
+    """Per client request that needed it: setup (TCP + TLS handshakes) of connections to
+    this hop opened for the request (ms)."""
+    wait: list[float] = field(default_factory=list)
+    """Per request the hop served: its time to first byte (ms)."""
+    commands: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """Redis commands served at this hop: command -> latency (first reply byte, ms)."""
+    connections: list[str] = field(default_factory=list)
+    """Ids of the path's connections at this hop that carried requests."""
+    requests: int = 0
+    single_request: list[str] = field(default_factory=list)
+    """Connections at this hop that carried a single request."""
+    callers: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Hops whose requests caused requests at this hop, with how many."""
+
+    @property
+    def reuse_rate(self) -> float | None:
+        if not self.requests:
+            return None
+        return (self.requests - len(self.connections)) / self.requests
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "servers": sorted(self.servers), "connections": len(self.connections),
+            "requests": self.requests, "reuse_rate": self.reuse_rate,
+            "own_ms": percentiles(self.own),
+            "own_split_ms": {k: percentiles(v) for k, v in self.own_split.items()},
+            "setup_ms": percentiles(self.setup),
+            "wait_ms": percentiles(self.wait),
+            "commands": {k: percentiles(v) for k, v in sorted(self.commands.items())},
+            "called_by": dict(sorted(self.callers.items())),
+        }
+
+
+@dataclass
+class PathBudget:
+    """The latency budget of one path."""
+
+    name: str
+    inferred: bool = False
+    hop_order: list[str] = field(default_factory=list)
+    hops: dict[str, HopBudget] = field(default_factory=dict)
+    origin_hop: str = "origin"
+    roots: list[Node] = field(default_factory=list)
+    """Client-facing requests of the path."""
+    client_connections: list[str] = field(default_factory=list)
+    """Client-facing connections that carried requests."""
+    ttfb: list[float] = field(default_factory=list)
+    ttlb: list[float] = field(default_factory=list)
+    transfer: list[float] = field(default_factory=list)
+    dns: list[float] = field(default_factory=list)
+    tcp: list[float] = field(default_factory=list)
+    tls: list[float] = field(default_factory=list)
+    think: list[float] = field(default_factory=list)
+    estimated: bool = False
+
+    @property
+    def requests(self) -> int:
+        return len(self.roots)
+
+    @property
+    def reuse_rate(self) -> float | None:
+        if not self.roots:
+            return None
+        return (len(self.roots) - len(self.client_connections)) / len(self.roots)
+
+    def hop(self, name: str) -> HopBudget:
+        h = self.hops.get(name)
+        if h is None:
+            h = self.hops[name] = HopBudget(name)
+        return h
+
+    def ordered_hops(self) -> list[HopBudget]:
+        known = [self.hops[h] for h in self.hop_order if h in self.hops]
+        rest = sorted((h for n, h in self.hops.items() if n not in self.hop_order),
+                      key=lambda h: (99 if h.depth is None else h.depth, h.name))
+        return known + rest
+
+    def samples(self, phase: str) -> list[float]:
+        """The samples of a phase name: ``ttfb``, ``dns``, ``tcp``, ``tls``, ``think``,
+        ``transfer`` or ``hop:NAME``."""
+        if phase.startswith("hop:"):
+            h = self.hops.get(phase[4:])
+            return h.own if h is not None else []
+        return list(getattr(self, phase))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inferred": self.inferred,
+            "hops": [h.name for h in self.ordered_hops()],
+            "requests": self.requests,
+            "connections": len(self.client_connections),
+            "reuse_rate": self.reuse_rate,
+            "ttfb_ms": percentiles(self.ttfb),
+            "ttlb_ms": percentiles(self.ttlb),
+            "phases": {
+                "dns_ms": percentiles(self.dns),
+                "tcp_ms": percentiles(self.tcp),
+                "tls_ms": percentiles(self.tls),
+                "hops": {h.name: h.to_json() for h in self.ordered_hops()},
+                "think_ms": percentiles(self.think),
+                "transfer_ms": percentiles(self.transfer),
+            },
+            "estimated": self.estimated,
+        }
+
+
+def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTransaction],
+                  chains: Chains, profile: Profile | None = None) -> dict[str, PathBudget]:
+    """One :class:`PathBudget` per path named in ``conn.path`` (after ``attribute``)."""
+    budgets: dict[str, PathBudget] = {}
+
+    def budget(name: str, inferred: bool) -> PathBudget:
+        b = budgets.get(name)
+        if b is None:
+            b = budgets[name] = PathBudget(name, inferred)
+            pdef = profile.path(name) if profile is not None else None
+            if pdef is not None:
+                b.hop_order = list(pdef.hops)
+                b.origin_hop = pdef.origin_hop
+        return b
+
+    # hop statistics: every connection of the path, grouped by hop
+    for c in connections:
+        if c.path is None:
+            continue
+        b = budget(c.path["name"], bool(c.path.get("inferred")))
+        b.inferred = b.inferred and bool(c.path.get("inferred"))
+        h = b.hop(c.path["hop"])
+        if c.server not in h.servers:
+            h.servers.append(c.server)
+        if c.requests:
+            h.connections.append(c.id)
+            h.requests += len(c.requests)
+            if len(c.requests) == 1:
+                h.single_request.append(c.id)
+
+    client_conns: dict[str, dict[str, Connection]] = defaultdict(dict)
+    upstream_conns = {n.conn.id for n in chains.nodes.values() if n.parent is not None}
+    for root in chains.roots:
+        c = root.conn
+        if c.path is None or c.id in upstream_conns:
+            continue  # an upstream connection's request nothing captured caused
+        b = budget(c.path["name"], bool(c.path.get("inferred")))
+        pdef = profile.path(b.name) if profile is not None else None
+        if pdef is not None and c.path["hop"] != pdef.hops[0] and is_resp(c, root.req):
+            continue  # e.g. a proxy's SCRIPT LOAD at start-up: not a client request
+        b.roots.append(root)
+        client_conns[b.name][c.id] = c
+        r = root.req
+        if r.estimated:
+            b.estimated = True
+        ttfb = _ms(r.ts_ns, r.first_byte_ns)
+        if ttfb is not None:
+            b.ttfb.append(ttfb)
+        ttlb = _ms(r.ts_ns, r.last_byte_ns)
+        if ttlb is not None:
+            b.ttlb.append(ttlb)
+        tr = _ms(r.first_byte_ns, r.last_byte_ns)
+        if tr is not None:
+            b.transfer.append(tr)
+        own: dict[str, int] = defaultdict(int)
+        own_seen: set[str] = set()
+        parts: dict[str, list[int]] = {}
+        setup: dict[str, int] = defaultdict(int)
+        think: int | None = None
+        for st in chains.steps(root):
+            n = st.node
+            hop = st.hop or "?"
+            if st.path is not None and st.path != b.name:
+                hop = f"{st.path}.{hop}"
+            hb = b.hop(hop)
+            hb.depth = st.depth if hb.depth is None else min(hb.depth, st.depth)
+            if n.parent is not None:
+                pp = n.parent.conn.path
+                phop = "?" if pp is None else (
+                    pp["hop"] if pp["name"] == b.name else f"{pp['name']}.{pp['hop']}")
+                hb.callers[phop] += 1
+            if n.wait_ns is not None:
+                hb.wait.append(n.wait_ns / 1e6)
+                if is_resp(n.conn, n.req):
+                    hb.commands[n.req.method or "?"].append(n.wait_ns / 1e6)
+            if not st.in_ttfb:
+                continue
+            if st.own_ns is not None:
+                own[hop] += st.own_ns
+                own_seen.add(hop)
+            if st.parts_ns is not None:
+                acc = parts.setdefault(hop, [0, 0, 0])
+                for k in range(3):
+                    acc[k] += st.parts_ns[k]
+            if n.setup_ns is not None and st.depth > 0:
+                setup[hop] += n.setup_ns
+            if hop == b.origin_hop and n.wait_ns is not None:
+                think = (think or 0) + n.wait_ns
+        for hop in own_seen:
+            b.hop(hop).own.append(own[hop] / 1e6)
+        for hop, acc in parts.items():
+            split = b.hop(hop).own_split
+            for k, key in enumerate(("before_calls", "between_calls", "after_calls")):
+                split[key].append(acc[k] / 1e6)
+        for hop, ns in setup.items():
+            b.hop(hop).setup.append(ns / 1e6)
+        if think is not None:
+            b.think.append(think / 1e6)
+
+    for name, conns in client_conns.items():
+        b = budgets[name]
+        b.client_connections = list(conns)
+        ips = set()
+        for c in conns.values():
+            ips.add(split_endpoint(c.server)[0])
+            hs = _ms(c.syn_ns, c.handshake_ack_ns)
+            if hs is not None:
+                b.tcp.append(hs)
+            if c.tls is not None and c.tls.handshake_ns is not None:
+                b.tls.append(c.tls.handshake_ns / 1e6)
+        for t in dns_records:
+            if t.latency_ns is not None and ips.intersection(t.answers):
+                b.dns.append(t.latency_ns / 1e6)
+    for b in budgets.values():
+        if not b.hop_order:
+            b.hop_order = [h.name for h in sorted(
+                b.hops.values(), key=lambda h: (99 if h.depth is None else h.depth, h.name))]
+    return budgets
+
+
+def summary_paths(budgets: dict[str, PathBudget]) -> dict[str, Any]:
+    """The contract's ``summary.paths``: ``{name: {requests, connections, reuse_rate,
+    ttfb_ms, ttlb_ms, phases, ...}}``."""
+    return {name: budgets[name].to_json() for name in sorted(budgets)}
+
+
+# --- comparing paths ---------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return quantile(sorted(values), 0.5)
+
+
+def bootstrap_median_diff(a: Sequence[float], b: Sequence[float] | None = None, *,
+                          seed: int = 0, resamples: int = RESAMPLES, level: float = LEVEL,
+                          cap: int = BOOTSTRAP_CAP) -> tuple[float, float, float]:
+    """(median(a) - median(b), low, high): percentile-bootstrap interval of the difference
+    of medians (of the median of ``a`` when ``b`` is None). Deterministic for a seed."""
+    if not a or (b is not None and not b):
+        raise ValueError("bootstrap needs samples on each side")
+    point = median(a) - (median(b) if b is not None else 0.0)
+    rng = random.Random(seed)
+    sa = rng.sample(list(a), cap) if len(a) > cap else list(a)
+    sb = None if b is None else (rng.sample(list(b), cap) if len(b) > cap else list(b))
+    diffs = []
+    for _ in range(resamples):
+        m = quantile(sorted(rng.choices(sa, k=len(sa))), 0.5)
+        if sb is not None:
+            m -= quantile(sorted(rng.choices(sb, k=len(sb))), 0.5)
+        diffs.append(m)
+    diffs.sort()
+    tail = (1.0 - level) / 2
+    return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
+
+
+PHASE_LABELS = {
+    "ttfb": "time to first byte",
+    "dns": "DNS lookup",
+    "tcp": "TCP handshake",
+    "tls": "TLS handshake",
+    "think": "origin think time",
+    "transfer": "transfer",
+}
+
+
+def _fmt_ms(x: float) -> str:
+    return f"{x:.1f} ms"
+
+
+def _fmt_ci(lo: float, hi: float) -> str:
+    if lo < 0 <= hi or hi < 0:
+        return f"{lo:.1f} to {hi:.1f} ms"
+    return f"{lo:.1f}–{hi:.1f} ms"
+
+
+@dataclass
+class Difference:
+    """One phase of path ``a`` against path ``b`` (``b`` None: a hop only ``a`` has)."""
+
+    a: str
+    b: str
+    phase: str
+    """``ttfb``, ``dns``, ``tcp``, ``tls``, ``think``, ``transfer`` or ``hop:NAME``."""
+    only_a: bool
+    """The hop exists on ``a`` only: its own time is compared with nothing (0)."""
+    n_a: int
+    n_b: int
+    diff_ms: float | None = None
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
+    supported: bool = False
+    reason: str | None = None
+    """Why the sentence declines, when it does."""
+
+    @property
+    def label(self) -> str:
+        if self.phase.startswith("hop:"):
+            return f"at the {self.phase[4:]}"
+        return PHASE_LABELS.get(self.phase, self.phase)
+
+    @property
+    def sentence(self) -> str:
+        a, b = self.a, self.b
+        if not self.supported or self.diff_ms is None:
+            what = (f"{a} at the {self.phase[4:]}" if self.only_a else
+                    f"{a} vs {b}, {self.label}")
+            return f"{what}: not enough evidence ({self.reason})"
+        d = self.diff_ms
+        ci = f"95% CI {_fmt_ci(self.ci_low_ms or 0.0, self.ci_high_ms or 0.0)}"
+        more = "more" if d >= 0 else "less"
+        if self.only_a:
+            return f"{a} adds {_fmt_ms(d)} {self.label} ({ci})"
+        if self.phase.startswith("hop:"):
+            return f"{a} spends {_fmt_ms(abs(d))} {more} than {b} {self.label} ({ci})"
+        if self.phase == "ttfb":
+            longer = "longer" if d >= 0 else "shorter"
+            return (f"{a}'s time to first byte is {_fmt_ms(abs(d))} {longer} than {b}'s "
+                    f"(medians; {ci})")
+        return f"{a}'s {self.label} takes {_fmt_ms(abs(d))} {more} than {b}'s ({ci})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "phase": self.phase, "only_a": self.only_a,
+                "n_a": self.n_a, "n_b": self.n_b, "diff_ms": self.diff_ms,
+                "ci_low_ms": self.ci_low_ms, "ci_high_ms": self.ci_high_ms,
+                "level": LEVEL, "supported": self.supported, "reason": self.reason,
+                "sentence": self.sentence}
+
+
+def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RESAMPLES,
+            min_samples: int = MIN_SAMPLES) -> list[Difference]:
+    """Every phase of ``a`` against ``b``: end to end, DNS/TCP/TLS, each hop, think
+    time, transfer."""
+    out: list[Difference] = []
+    b_hops = {h.name for h in b.ordered_hops() if h.own}
+    phases: list[tuple[str, bool]] = [("ttfb", False), ("dns", False), ("tcp", False),
+                                      ("tls", False), ("think", False)]
+    for h in a.ordered_hops():
+        if h.own:
+            phases.append((f"hop:{h.name}", h.name not in b_hops))
+    phases.append(("transfer", False))
+    seen: set[tuple[tuple[float, ...], tuple[float, ...]]] = set()
+    for phase, only_a in phases:
+        sa = a.samples(phase)
+        sb = [] if only_a else b.samples(phase)
+        if not sa or (not only_a and not sb):
+            continue
+        same = (tuple(sa), tuple(sb))
+        if same in seen:
+            continue  # e.g. a one-hop path: its own time is its think time and its TTFB
+        seen.add(same)
+        d = Difference(a.name, b.name, phase, only_a, len(sa), len(sb))
+        point, lo, hi = bootstrap_median_diff(sa, None if only_a else sb, seed=seed,
+                                              resamples=resamples)
+        d.diff_ms, d.ci_low_ms, d.ci_high_ms = point, lo, hi
+        if len(sa) < min_samples or (not only_a and len(sb) < min_samples):
+            d.reason = (f"{len(sa)} sample{'s' if len(sa) != 1 else ''}"
+                        + ("" if only_a else f" against {len(sb)}")
+                        + f"; {min_samples} per side needed")
+        elif lo <= 0 <= hi:
+            d.reason = f"95% CI {_fmt_ci(lo, hi)} includes 0"
+        else:
+            d.supported = True
+        out.append(d)
+    return out
+
+
+def compare_all(budgets: dict[str, PathBudget], *, seed: int = 0,
+                resamples: int = RESAMPLES, min_samples: int = MIN_SAMPLES
+                ) -> list[Difference]:
+    """Every pair of paths with requests, the slower (median time to first byte) first."""
+    named = [b for b in budgets.values() if b.ttfb]
+    named.sort(key=lambda b: (-median(b.ttfb), b.name))
+    out: list[Difference] = []
+    for i, a in enumerate(named):
+        for b in named[i + 1:]:
+            out.extend(compare(a, b, seed=seed, resamples=resamples,
+                               min_samples=min_samples))
+    return out

@@ -1,0 +1,208 @@
+"""Rich renderables for paths: hop chains, the latency budget table, the differences.
+
+Formatters only: they build renderables, the command prints them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from netdiag.analysis.stats import quantile
+from netdiag.paths.apply import PathsAnalysis
+from netdiag.paths.budget import HopBudget, PathBudget
+from netdiag.records import Connection
+
+
+def _fmt(values: Sequence[float], q: float) -> str:
+    if not values:
+        return "–"
+    x = quantile(sorted(values), q)
+    return f"{x:.1f}" if x < 1000 else f"{x / 1000:.2f} s"
+
+
+def _servers(h: HopBudget, k: int = 3) -> str:
+    s = sorted(h.servers)
+    shown = ", ".join(s[:k])
+    return shown + (f" +{len(s) - k}" if len(s) > k else "")
+
+
+def hop_tree(b: PathBudget, profile_path: bool) -> Any:
+    """The path's hops as a tree, from who called whom in the chains."""
+    from rich.tree import Tree
+
+    how = "profile" if profile_path else "inferred"
+    reuse = "" if b.reuse_rate is None else f", connection reuse {b.reuse_rate * 100:.0f}%"
+    title = (f"[bold]{b.name}[/] ({how}): {b.requests} client request"
+             f"{'s' if b.requests != 1 else ''} on {len(b.client_connections)} "
+             f"connection{'s' if len(b.client_connections) != 1 else ''}{reuse}")
+    tree = Tree(title, highlight=False)
+    hops = b.ordered_hops()
+    children: dict[str, list[HopBudget]] = {}
+    roots: list[HopBudget] = []
+    for h in hops:
+        if h.callers:
+            caller = max(h.callers.items(), key=lambda kv: kv[1])[0]
+            children.setdefault(caller, []).append(h)
+        else:
+            roots.append(h)
+    seen: set[str] = set()
+
+    def label(h: HopBudget) -> str:
+        bits = [f"[bold]{h.name}[/] {_servers(h)}"]
+        if h.requests:
+            bits.append(f"{h.requests} req on {len(h.connections)} conn")
+        if h.commands:
+            bits.append(", ".join(f"{cmd} ×{len(v)}" for cmd, v in sorted(h.commands.items())))
+        return " · ".join(bits)
+
+    def add(node: Any, h: HopBudget) -> None:
+        if h.name in seen:
+            return
+        seen.add(h.name)
+        sub = node.add(label(h))
+        for c in children.get(h.name, []):
+            add(sub, c)
+
+    for h in roots:
+        add(tree, h)
+    for h in hops:
+        if h.name not in seen:
+            add(tree, h)
+    return tree
+
+
+PHASE_ROWS = (("dns", "DNS lookup"), ("tcp", "TCP handshake"), ("tls", "TLS handshake"))
+
+
+def budget_table(budgets: Sequence[PathBudget]) -> Any:
+    """Phases down, paths across: ``median / p99 (samples)`` in milliseconds."""
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title="Latency budget (ms): median / p99 (samples) per path",
+              title_justify="left", header_style="bold")
+    t.add_column("phase")
+    for b in budgets:
+        t.add_column(b.name, justify="right")
+
+    def row(label: str, get: Any, style: str | None = None) -> None:
+        cells: list[Any] = [label]
+        for b in budgets:
+            vals = get(b)
+            if not vals:
+                cells.append(Text("–", style="dim"))
+            else:
+                cells.append(Text.assemble(f"{_fmt(vals, 0.5)} / {_fmt(vals, 0.99)} ",
+                                           (f"({len(vals)})", "dim")))
+        t.add_row(*cells, style=style)
+
+    for key, label in PHASE_ROWS:
+        row(label, lambda b, k=key: b.samples(k))
+    names: list[str] = []
+    for b in sorted(budgets, key=lambda b: -len(b.hops)):
+        for h in b.ordered_hops():
+            if h.name not in names:
+                names.append(h.name)
+    for name in names:
+        if any((h := b.hops.get(name)) is not None and h.setup for b in budgets):
+            row(f"{name}: connection setup",
+                lambda b, n=name: b.hops[n].setup if n in b.hops else [])
+        row(f"{name}: own time", lambda b, n=name: b.hops[n].own if n in b.hops else [])
+        for part, label in (("before_calls", "before its calls"),
+                            ("between_calls", "between its calls"),
+                            ("after_calls", "after its calls")):
+            if any(name in b.hops and b.hops[name].own_split[part] for b in budgets):
+                row(f"  {label}", lambda b, n=name, k=part:
+                    b.hops[n].own_split[k] if n in b.hops else [], style="dim")
+    row("origin think time", lambda b: b.think)
+    row("transfer (first to last byte)", lambda b: b.transfer)
+    row("time to first byte", lambda b: b.ttfb, style="bold")
+    row("time to last byte", lambda b: b.ttlb)
+    return t
+
+
+MAX_DECLINED_SHOWN = 12
+
+
+def differences(analysis: PathsAnalysis, declined: bool = True) -> Any:
+    """The path differences: stated ones, then (dim) the ones the data does not support."""
+    from rich.console import Group
+    from rich.text import Text
+
+    lines = []
+    for d in analysis.differences:
+        if d.supported:
+            lines.append(Text("• " + d.sentence))
+    if declined:
+        rest = [d for d in analysis.differences if not d.supported]
+        for d in rest[:MAX_DECLINED_SHOWN]:
+            lines.append(Text("• " + d.sentence, style="dim"))
+        if len(rest) > MAX_DECLINED_SHOWN:
+            lines.append(Text(f"• {len(rest) - MAX_DECLINED_SHOWN} more comparisons without "
+                              "enough evidence (--format json lists them all)", style="dim"))
+    if not lines:
+        lines.append(Text("Only one path has requests: nothing to compare.", style="dim"))
+    return Group(Text("Differences between paths (95% bootstrap CI of the median "
+                      "difference)", style="bold"), *lines)
+
+
+def attribution_table(connections: Sequence[Connection]) -> Any:
+    """Every connection with its path, hop and first evidence line."""
+    from rich.table import Table
+
+    t = Table(title="Attribution", title_justify="left", header_style="bold")
+    for col in ("conn", "client", "server", "path", "hop", "how", "evidence"):
+        t.add_column(col, overflow="fold")
+    for c in connections:
+        p = c.path
+        if p is None:
+            t.add_row(c.id, c.client, c.server, "–", "–", "", "", style="dim")
+            continue
+        t.add_row(c.id, c.client, c.server, p["name"], p["hop"],
+                  "inferred" if p["inferred"] else "profile",
+                  "; ".join(p["evidence"][:2]))
+    return t
+
+
+def attribution_line(connections: Sequence[Connection]) -> str:
+    """``24 connections on ROC (profile), 6 on DPF (profile), 1 without a path``."""
+    counts: Counter[tuple[str, bool]] = Counter()
+    none = 0
+    for c in connections:
+        if c.path is None:
+            none += 1
+        else:
+            counts[(c.path["name"], bool(c.path["inferred"]))] += 1
+    parts = [f"{n} on {name} ({'inferred' if inf else 'profile'})"
+             for (name, inf), n in sorted(counts.items())]
+    if none:
+        parts.append(f"{none} without a path (no rule matched, nothing to infer it from)")
+    total = len(connections)
+    return f"{total} connection{'s' if total != 1 else ''}: " + ", ".join(parts)
+
+
+def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
+               show_connections: bool = False) -> list[Any]:
+    """Everything ``netdiag paths`` shows, in order."""
+    from rich.text import Text
+
+    out: list[Any] = [Text(attribution_line(connections))]
+    budgets = [analysis.budgets[n] for n in sorted(analysis.budgets)
+               if analysis.budgets[n].roots]
+    prof = analysis.profile
+    for b in budgets:
+        out.append(hop_tree(b, prof is not None and prof.path(b.name) is not None))
+    if budgets:
+        out.append(budget_table(budgets))
+        out.append(differences(analysis))
+    if analysis.findings:
+        out.append(Text("Findings", style="bold"))
+        for f in analysis.findings:
+            color = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
+            out.append(Text.assemble((f"{f.severity:8} ", color), (f.title, "bold"),
+                                     "\n         ", f.detail))
+    if show_connections:
+        out.append(attribution_table(connections))
+    return out

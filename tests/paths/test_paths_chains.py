@@ -1,0 +1,204 @@
+"""Hop chains: linking upstream requests to their cause, and exact own-time arithmetic."""
+
+from __future__ import annotations
+
+from paths_synth import (
+    DPF_ORIGIN,
+    EDGE,
+    MS,
+    ORIGIN,
+    REDIS,
+    ROUTER,
+    conn,
+    dpf_request,
+    req,
+    resp,
+    roc_request,
+)
+
+from netdiag.paths.attribute import attribute
+from netdiag.paths.chains import PROXY_MIN_REQUESTS, link_requests, request_id
+from netdiag.records import Connection
+
+
+def _roc(k: int, **kw: object) -> list[Connection]:
+    out: list[Connection] = []
+    for i in range(k):
+        out += roc_request(i * 100, 1 + 4 * i, **kw)  # type: ignore[arg-type]
+    return out
+
+
+def test_own_times_add_up_to_the_client_wait_exactly() -> None:
+    conns = _roc(3, new_origin_conn=True)
+    chains = link_requests(conns)
+    root = chains.node("C1", 0)
+    assert root is not None and root.parent is None
+    steps = chains.steps(root)
+    assert [(s.conn.server, s.depth) for s in steps] == [
+        (EDGE, 0), (ROUTER, 1), (REDIS, 2), (ORIGIN, 2)]
+    own = [s.own_ns for s in steps]
+    # edge: 1 ms before forwarding + 1 ms after the router answered
+    # router: 1 ms before redis + 10 ms delay + 0.5 ms after the origin answered
+    # redis: 0.5 ms; origin: 20 ms think, after 0.5 ms of connection setup
+    assert own == [2 * MS, 11_500_000, 500_000, 20 * MS]
+    origin = steps[3].node
+    assert origin.opened and origin.setup_ns == 500_000 and steps[2].node.setup_ns is None
+    wait = root.wait_ns
+    assert wait is not None
+    assert sum(o or 0 for o in own) + origin.setup_ns == wait
+    assert all(s.in_ttfb for s in steps)
+    assert [s.to_json()["own_ms"] for s in steps] == [2.0, 11.5, 0.5, 20.0]
+    # own time around the calls: the router's 10 ms delay is between its two calls
+    assert [s.parts_ns for s in steps] == [(MS, 0, MS), (MS, 10 * MS, 500_000), None, None]
+    assert steps[1].to_json()["own_split_ms"] == {"before_calls": 1.0, "between_calls": 10.0,
+                                                  "after_calls": 0.5}
+    assert steps[3].to_json()["own_split_ms"] is None
+    assert steps[3].to_json()["setup_ms"] == 0.5
+    assert steps[2].to_json()["what"] == "EVALSHA roc:budget:m"
+    assert set(chains.table()) == {("C1", 0), ("C5", 0), ("C9", 0)}
+
+
+def test_overlapping_callees_count_once_and_late_calls_are_not_in_the_wait() -> None:
+    client = conn("C1", "10.0.0.1:5000", "10.0.0.2:443", [req(0, 50, 60)])
+    a = conn("C2", "10.0.0.2:6000", "10.0.0.3:80", [req(5, 25, 26)])
+    b = conn("C3", "10.0.0.2:6001", "10.0.0.4:80", [req(10, 30, 31)])
+    # after the client's first byte, e.g. accounting once the answer is on its way
+    late = conn("C4", "10.0.0.2:6002", "10.0.0.5:6379", [resp(52, 53, "HINCRBY")],
+                protocol="resp")
+    chains = link_requests([client, a, b, late], trusted=["C1"])
+    root = chains.node("C1", 0)
+    assert root is not None
+    steps = chains.steps(root)
+    assert [s.conn.id for s in steps] == ["C1", "C2", "C3", "C4"]
+    # union of [5, 25] and [10, 30] is 25 ms of the 50 ms wait
+    assert steps[0].own_ns == 25 * MS
+    assert [s.in_ttfb for s in steps] == [True, True, True, False]
+
+
+def test_request_without_answer_has_no_own_time() -> None:
+    client = conn("C1", "10.0.0.1:5000", "10.0.0.2:443", [req(0, None)])
+    client.last_ns = client.ts_ns + 100 * MS  # the answer never came; the window is the
+    # connection's life
+    up = conn("C2", "10.0.0.2:6000", "10.0.0.3:80", [req(5, 25, 26)])
+    chains = link_requests([client, up], trusted=["C1"])
+    root = chains.node("C1", 0)
+    assert root is not None and [c.conn.id for c in root.children] == ["C2"]
+    assert root.own_ns() is None and root.wait_ns is None
+
+
+def test_concurrent_requests_on_shared_connections_link_to_their_own_cause() -> None:
+    """Four overlapping ROC requests; edge->router and router->redis each on ONE
+    connection, no request ids below the client: the adjacency of start (redis, router)
+    and answer (origin) picks the right parent."""
+    per = [roc_request(t, 100 + 4 * i, new_origin_conn=True, think=20 + 3 * i)
+           for i, t in enumerate((0.0, 0.7, 1.4, 2.1))]
+    clients = [p[0] for p in per]
+    origins = [p[3] for p in per]
+    for o in origins:
+        o.requests[0].request_headers = None
+    edge_router = conn("E1", "127.0.0.10:41000", ROUTER,
+                       sorted((p[1].requests[0] for p in per), key=lambda r: r.ts_ns),
+                       protocol="h2c")
+    redis = conn("R1", "127.0.0.11:42000", REDIS,
+                 sorted((p[2].requests[0] for p in per), key=lambda r: r.ts_ns),
+                 protocol="resp")
+    chains = link_requests([*clients, edge_router, redis, *origins])
+    for i, c in enumerate(clients):
+        root = chains.node(c.id, 0)
+        assert root is not None
+        steps = chains.steps(root)
+        assert [s.conn.id for s in steps] == [c.id, "E1", "R1", origins[i].id], i
+        assert steps[1].node.index == i and steps[2].node.index == i
+        assert steps[3].own_ns == (20 + 3 * i) * MS
+        assert steps[1].own_ns == 11_500_000
+
+
+def test_request_id_links_without_address_and_different_ids_do_not() -> None:
+    client = conn("C1", "127.0.0.1:5000", "127.0.0.1:443", [req(0, 30, rid="abc")])
+    # sent from another address than the server's: only the id ties them
+    same = conn("C2", "127.0.0.5:5001", "127.0.0.1:8080", [req(5, 25, rid="abc")])
+    other = conn("C3", "127.0.0.5:5002", "127.0.0.1:8081", [req(6, 24, rid="xyz")])
+    chains = link_requests([client, same, other])
+    n2, n3 = chains.node("C2", 0), chains.node("C3", 0)
+    assert n2 is not None and n2.parent is not None and n2.link == "request-id"
+    assert n2.parent.conn.id == "C1"
+    assert n3 is not None and n3.parent is None
+
+
+def test_a_request_id_forwarded_through_every_hop_links_to_the_sender() -> None:
+    """The edge, the router and the origin all see the same x-request-id: the origin
+    request belongs to the router (who sent it), not to the edge (who came first)."""
+    edge = conn("C1", "127.0.0.2:5000", EDGE, [req(0, 50, rid="r1")])
+    router = conn("C2", "127.0.0.10:5001", ROUTER, [req(1, 49, rid="r1")])
+    origin = conn("C3", "127.0.0.11:5002", ORIGIN, [req(10, 40, rid="r1")])
+    chains = link_requests([edge, router, origin])
+    n3 = chains.node("C3", 0)
+    assert n3 is not None and n3.parent is not None
+    assert n3.parent.conn.id == "C2" and n3.link == "address+request-id"
+    root = chains.node("C1", 0)
+    assert root is not None
+    assert [s.own_ns for s in chains.steps(root)] == [2 * MS, 18 * MS, 30 * MS]
+
+
+def test_traceparent_and_correlation_ids() -> None:
+    r = req(0, 1)
+    r.request_headers = [("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f0-01")]
+    assert request_id(r) == "4bf92f3577b34da6a3ce929d0e0e4736"
+    r.request_headers = [("X-Correlation-ID", "q1")]
+    assert request_id(r) == "q1"
+    r.request_headers = None
+    assert request_id(r) is None
+
+
+def _proxy_capture(n: int, followed: int) -> list[Connection]:
+    """``n`` requests to 10.0.0.2:443, the first ``followed`` of them containing an
+    upstream request from 10.0.0.2."""
+    out = []
+    for i in range(n):
+        t = i * 100.0
+        out.append(conn(f"C{2 * i + 1}", "10.0.0.1:5000", "10.0.0.2:443",
+                        [req(t, t + 30, t + 31)]))
+        if i < followed:
+            out.append(conn(f"C{2 * i + 2}", "10.0.0.2:6000", "10.0.0.3:80",
+                            [req(t + 5, t + 25, t + 26)]))
+    return out
+
+
+def test_proxy_inference_needs_consistency() -> None:
+    assert PROXY_MIN_REQUESTS == 3
+    for n, followed, proxy in ((2, 2, False), (3, 3, True), (5, 4, True), (5, 3, False),
+                               (12, 12, True)):
+        chains = link_requests(_proxy_capture(n, followed))
+        ev = chains.proxies["10.0.0.2:443"]
+        assert (ev.followed, ev.total, ev.is_proxy) == (followed, n, proxy)
+        linked = sum(1 for x in chains.nodes.values() if x.parent is not None)
+        assert linked == (followed if proxy else 0), (n, followed)
+    chains = link_requests(_proxy_capture(12, 12))
+    assert chains.proxies["10.0.0.2:443"].sentence == (
+        "12 of 12 requests to 10.0.0.2:443 were followed by upstream requests from 10.0.0.2")
+
+
+def test_profile_trust_links_below_the_consistency_threshold() -> None:
+    conns = _proxy_capture(2, 2)
+    chains = link_requests(conns, trusted=["C1", "C3"])
+    assert sum(1 for x in chains.nodes.values() if x.parent is not None) == 2
+
+
+def test_unrelated_traffic_is_not_linked() -> None:
+    roc = _roc(3)
+    dpf = [dpf_request(5 + i * 100, 200 + i, think=10) for i in range(3)]  # inside ROC windows
+    chains = link_requests(roc + dpf)
+    for c in dpf:
+        n = chains.node(c.id, 0)
+        assert n is not None and n.parent is None and not n.children
+    assert DPF_ORIGIN not in chains.proxies
+
+
+def test_attribute_returns_the_chains_it_used() -> None:
+    conns = _roc(3)
+    chains = attribute(conns, None)
+    assert len(chains.table()) == 3
+    root = chains.roots[0]
+    assert chains.depth(root) == 0
+    leaf = chains.steps(root)[-1].node
+    assert chains.depth(leaf) == 2 and chains.root_of(leaf) is root
