@@ -3,10 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v tshark >/dev/null || ! command -v tcpdump >/dev/null \
-        || ! command -v redis-server >/dev/null; then
+need=""
+for pkg_cmd in tshark:tshark tcpdump:tcpdump redis-server:redis-server chromium:chromium \
+        iproute2:ip; do
+    command -v "${pkg_cmd#*:}" >/dev/null || need="$need ${pkg_cmd%%:*}"
+done
+if [ -n "$need" ]; then
     apt-get update -qq
-    apt-get install -y -qq tshark tcpdump redis-server >/dev/null
+    # shellcheck disable=SC2086
+    apt-get install -y -qq $need >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m ruff check .
