@@ -32,8 +32,8 @@ start) with the time spent at each: ``wait`` is the hop's time to first byte;
 to the request on it (TCP and TLS handshakes); ``own`` is ``wait`` minus the union of
 its callees' ``[setup start or request start, first byte]`` intervals that fall within
 it, split into the time before the first call, between calls and after the last call
-(a router's coordination delay between its token-store call and its origin call is
-*between*; parsing the request *before*; relaying the answer *after*). So for nested,
+(a router's wait between its token-store call and its origin call is *between*;
+parsing the request *before*; relaying the answer *after*). So for nested,
 sequential calls the ``own`` and ``setup`` times of a chain add up to the client's time
 to first byte exactly.
 """

@@ -113,7 +113,7 @@ def budget_table(budgets: Sequence[PathBudget]) -> Any:
         for part, label in (("before_calls", "before its calls"),
                             ("between_calls", "between its calls"),
                             ("after_calls", "after its calls")):
-            if any(name in b.hops and b.hops[name].own_split[part] for b in budgets):
+            if any(name in b.hops and any(b.hops[name].own_split[part]) for b in budgets):
                 row(f"  {label}", lambda b, n=name, k=part:
                     b.hops[n].own_split[k] if n in b.hops else [], style="dim")
     row("origin think time", lambda b: b.think)
@@ -169,14 +169,18 @@ def attribution_table(connections: Sequence[Connection]) -> Any:
 def attribution_line(connections: Sequence[Connection]) -> str:
     """``24 connections on ROC (profile), 6 on DPF (profile), 1 without a path``."""
     counts: Counter[tuple[str, bool]] = Counter()
-    none = 0
+    none = dns = 0
     for c in connections:
-        if c.path is None:
+        if c.path is None and c.protocol == "dns":
+            dns += 1
+        elif c.path is None:
             none += 1
         else:
             counts[(c.path["name"], bool(c.path["inferred"]))] += 1
     parts = [f"{n} on {name} ({'inferred' if inf else 'profile'})"
              for (name, inf), n in sorted(counts.items())]
+    if dns:
+        parts.append(f"{dns} DNS over TCP (no path)")
     if none:
         parts.append(f"{none} without a path (no rule matched, nothing to infer it from)")
     total = len(connections)
