@@ -66,6 +66,7 @@ CT_HEARTBEAT = 24
 
 HS_CLIENT_HELLO = 1
 HS_SERVER_HELLO = 2
+HS_NEW_SESSION_TICKET = 4
 
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
 """ServerHello.random of a HelloRetryRequest: SHA-256("HelloRetryRequest")."""
@@ -500,6 +501,8 @@ class TlsAnalyzer:
         while len(buf) >= 4 and side.hs_alive and not side.encrypted:
             mtype = buf[0]
             mlen = (buf[1] << 16) | (buf[2] << 8) | buf[3]
+            if mtype == HS_NEW_SESSION_TICKET and direction == 1:
+                self.info.session_tickets += 1  # TLS <= 1.2 sends it in the clear
             if mtype in (HS_CLIENT_HELLO, HS_SERVER_HELLO):
                 if mlen > MAX_HELLO_LENGTH:
                     self._warn(f"tls: a {mlen}-byte hello message from the "

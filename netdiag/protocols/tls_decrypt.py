@@ -201,8 +201,8 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
                 info.alpn = alpn
         elif mtype == HS_CERTIFICATE and direction == 1:
             info.certificate = _certificate_facts(body, tls13=self._tls13)
-        elif mtype == HS_NEW_SESSION_TICKET and direction == 1:
-            info.session_tickets += 1
+        elif mtype == HS_NEW_SESSION_TICKET and direction == 1 and self._tls13:
+            info.session_tickets += 1  # TLS 1.2's, in the clear, the keyless parser counts
         elif mtype == HS_KEY_UPDATE and dec is not None:
             info.key_updates += 1
             dec.key_update(direction)

@@ -851,6 +851,7 @@ def test_real_tls12_full(cert_files: tuple[str, str]) -> None:
     # full handshake: the server's last flight (NewSessionTicket, CCS, Finished)
     assert (info.finished_ns, info.finished_packet) == first_flight(pair, 1, 1)
     assert info.alert == "encrypted from client"  # close_notify after CCS
+    assert info.session_tickets == 1  # TLS 1.2's NewSessionTicket is in the clear
     assert [r.ts_ns for r in an.requests] == [x["req"][0] for x in xs]
     assert [r.first_byte_ns for r in an.requests] == [x["resp"][0] for x in xs]
     assert an.warnings == []
@@ -865,6 +866,7 @@ def test_real_tls12_resumption(cert_files: tuple[str, str], tickets: bool) -> No
     first.exchange(REQ, resp(10))
     session = first.client.session
     assert first.wire.replay().info.resumed is False
+    assert first.wire.replay().info.session_tickets == (1 if tickets else 0)
     # keep ``first`` alive: OpenSSL drops a session from the server cache when a
     # connection that was not shut down is freed
 
