@@ -24,6 +24,10 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 @click.option("-o", "--output", type=click.Path(writable=True),
               help="Write the report here instead of standard output (a directory for "
                    "csv).")
+@click.option("--engine", type=click.Choice(["netdiag", "tshark"]), default="netdiag",
+              show_default=True,
+              help="Who dissects: netdiag's own engine, or tshark (through its JSON output; "
+                   "slower, for cross-checking: see netdiag verify).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
               help="Path profile (TOML, docs/profiles.md): put every connection on a named "
                    "path and hop. Without it, paths are inferred and marked so.")
@@ -57,7 +61,7 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
-           progress: bool | None, profile_path: str | None,
+           progress: bool | None, engine: str, profile_path: str | None,
            keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
@@ -80,7 +84,10 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)
     try:
-        result = _run_report(list(captures), fmt, options, out, progress, profile, output)
+        if engine == "tshark":
+            result = _run_tshark(list(captures), fmt, options, out, profile, output, keylogs)
+        else:
+            result = _run_report(list(captures), fmt, options, out, progress, profile, output)
     finally:
         if to_file:
             out.close()
@@ -145,21 +152,58 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         if bar is not None:
             bar.stop()
     if fmt != "jsonl":
-        _write_collected(fmt, result, csink, options, out, profile, output)
+        doc = csink.document(result, headers=fmt in ("har", "html"))
+        _write_collected(fmt, result, doc, csink.connections, csink.dns_records, options, out,
+                         profile, output)
     for w in result.capture.warnings:
         if w.kind == "capture":
             err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     return result
 
 
-def _write_collected(fmt: str, result: Any, sink: Any, options: Any, out: IO[str],
-                     profile: Any, output: str | None) -> None:
+def _run_tshark(captures: list[str], fmt: str, options: Any, out: IO[str], profile: Any,
+                output: str | None, keylogs: tuple[str, ...]) -> Any:
+    """The same report from tshark's dissection (``--engine tshark``)."""
+    from netdiag.engines.tshark import tshark_analysis
+
+    paths = list(keylogs)
+    if not paths and options.keylog is not None and os.environ.get("SSLKEYLOGFILE"):
+        paths = [os.environ["SSLKEYLOGFILE"]]
+    a = tshark_analysis(captures, paths or None, dns_ports=options.dns_ports,
+                        thresholds=options.thresholds)
+    if fmt == "jsonl":
+        _write_document_lines(a.document, out)
+    else:
+        _write_collected(fmt, a.result, a.document, a.connections, a.dns_records, options,
+                         out, profile, output)
+    return a.result
+
+
+def _write_document_lines(doc: dict[str, Any], out: IO[str]) -> None:
+    """A whole document as JSON Lines records (what --format jsonl streams)."""
+    def line(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    for t in doc["dns"]:
+        line({"type": "dns", **t})
+    for c in doc["connections"]:
+        line({"type": "connection", **{k: v for k, v in c.items() if k != "requests"}})
+        for r in c.get("requests") or []:
+            line({"type": "request", "connection": c["id"], **r})
+    for f in doc["findings"]:
+        line({"type": "finding", **f})
+    line({"type": "summary", "contract": doc["contract"],
+          "netdiag_version": doc["netdiag_version"], **doc["summary"]})
+    line({"type": "capture", **doc["capture"]})
+
+
+def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: Any,
+                     dns_records: Any, options: Any, out: IO[str], profile: Any,
+                     output: str | None) -> None:
     """Paths over the collected records, then the chosen format."""
     from netdiag.paths.apply import apply_paths
 
-    doc = sink.document(result, headers=fmt in ("har", "html"))
-    analysis = apply_paths(doc, sink.connections, sink.dns_records, profile,
-                           options.thresholds)
+    analysis = apply_paths(doc, connections, dns_records, profile, options.thresholds)
     if fmt == "json":
         json.dump(doc, out, indent=2)
         out.write("\n")
@@ -185,4 +229,4 @@ def _write_collected(fmt: str, result: Any, sink: Any, options: Any, out: IO[str
         from netdiag.report.terminal import render
 
         render(result, Console(file=out) if out is not sys.stdout else Console(),
-               paths=analysis, connections=sink.connections)
+               paths=analysis, connections=connections)
