@@ -1,9 +1,9 @@
 """Live decryption: real TLS servers and clients on loopback, a real capture, a real key
 log; netdiag must find exactly the requests the clients made.
 
-Two hypercorn servers (the machinery of captures/make_antho.py, imported from its path)
-on addresses of their own, so that this test and make_antho (127.0.0.10/20:443) can run
-side by side, on free unprivileged ports:
+Two hypercorn servers (``netdiag.lab.asgi``: the origin of the first shipped capture,
+which speaks HTTP/1.1 as well as HTTP/2) on addresses of their own, so that this test
+and the lab (127.0.0.10..53) can run side by side, on free unprivileged ports:
 
 * A ``a.live.test`` on 127.0.0.31: TLS 1.3 only; B ``b.live.test`` on 127.0.0.32:
   TLS 1.2 only (ECDHE + AES-GCM); both offer ALPN ``h2`` and ``http/1.1`` and answer
@@ -22,8 +22,8 @@ side by side, on free unprivileged ports:
   5     A 1.3   http/1.1   GET ``/v1/stream`` (SSE)
   ====  ======  =========  ===============================================
 
-* scapy sniffs ``lo`` (make_antho's ``LoopbackCapture``: exact nanosecond times,
-  only the two servers' addresses) into a pcapng.
+* ``netdiag.live.capture.LiveCapture`` captures ``lo`` (exact nanosecond times, each
+  loopback packet once, only the two servers' addresses) into a pcapng.
 
 Then, every expectation taken from what the clients saw (the ledger):
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -58,15 +57,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB_SCRIPT = ROOT / "captures" / "make_antho.py"
 CROSSCHECK = ROOT / "tests" / "crosscheck"
 
-A_IP, B_IP = "127.0.0.31", "127.0.0.32"
+A_IP, B_IP = "127.0.0.61", "127.0.0.62"
 A_NAME, B_NAME = "a.live.test", "b.live.test"
 THINK_MS = {"A": 15.0, "B": 10.0}
 SSE_EVENTS = 6
@@ -95,15 +94,18 @@ needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None,
 
 
 def _load_lab() -> Any:
-    spec = importlib.util.spec_from_file_location("netdiag_lab_make_antho", LAB_SCRIPT)
-    if spec is None or spec.loader is None:
-        pytest.skip(f"{LAB_SCRIPT} not found")
-    module = importlib.util.module_from_spec(spec)
+    """The lab's building blocks this test uses (netdiag.lab), by their old names."""
     try:
-        spec.loader.exec_module(module)
-    except ImportError as exc:  # hypercorn, scapy, ... missing
+        from netdiag.lab.asgi import LabHypercornConfig, make_origin_app, serve
+        from netdiag.lab.certs import make_certs, server_ssl_context
+        from netdiag.lab.driver import NODELAY, TLS_NAMES
+        from netdiag.lab.servers import listening_socket
+    except ImportError as exc:  # hypercorn, ... missing
         pytest.skip(f"the lab's dependencies are missing: {exc}")
-    return module
+    return SimpleNamespace(_listening_socket=listening_socket, _make_app=make_origin_app,
+                           _LabHypercornConfig=LabHypercornConfig,
+                           _server_ssl_context=server_ssl_context, serve=serve,
+                           _make_certs=make_certs, NODELAY=NODELAY, TLS_NAMES=TLS_NAMES)
 
 
 # ----------------------------------------------------------------------------- servers
@@ -241,25 +243,25 @@ def live(tmp_path_factory) -> dict[str, Any]:
     keylog.write_text("")
     before = set(threading.enumerate())
     started = time.monotonic()
+    from netdiag.live.capture import LiveCapture
+
     with tempfile.TemporaryDirectory(prefix="decrypt-live-certs-") as certs:
         ca_pem, chain, key = lab._make_certs([A_NAME, B_NAME], Path(certs))
         servers = _Servers(lab, chain, key)
         capture = None
-        packets: list = []
         try:
             servers.start()
-            capture = lab.LoopbackCapture([A_IP, B_IP])
+            capture = LiveCapture(capture_path, iface="lo", bpf=f"host {A_IP} or host {B_IP}",
+                                  keep_addresses={A_IP, B_IP})
             capture.start()
             ledger = _run_plan(lab, ca_pem, keylog, servers)
             time.sleep(0.3)  # the last FIN/ACKs
         finally:
             try:
                 if capture is not None:
-                    packets = capture.stop()
+                    assert capture.stop().drops == 0
             finally:
                 servers.stop()
-    assert capture is not None
-    capture.write(packets, capture_path)
     leftover = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
     return {"capture": capture_path, "keylog": keylog, "ledger": ledger, "tmp": tmp,
             "leftover": leftover, "servers": servers.address,
