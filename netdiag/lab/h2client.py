@@ -1,0 +1,300 @@
+"""A small asyncio HTTP/2 client connection (TLS, or cleartext with prior knowledge).
+
+The ROC router opens a new upstream TLS connection per request (the anti-pattern the
+lab exists to show) and the edge keeps one pooled h2c connection to the router;
+httpx would hide both behind a pool, so they use this: TCP from a chosen source
+address, TLS with the lab's client context (which writes the key log) or none, the h2
+preface, any number of streams, then GOAWAY and a clean close (the server closes
+first, so no RST is ever sent).
+
+It is an ``asyncio.Protocol`` so that an answer's HEADERS reach the caller inside the
+very callback that read them (``on_headers``): a proxy relaying them from there adds
+no event-loop round trips to the time it is measured by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+
+OnHeaders = Callable[[int, list[tuple[str, str]], float], None]
+
+
+class UpstreamError(Exception):
+    """The upstream request failed (connection, TLS, protocol or stream reset)."""
+
+
+def bound_socket(local_ip: str) -> socket.socket:
+    """A non-blocking TCP socket bound to ``local_ip`` (prepare it before timing starts)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((local_ip, 0))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    fut: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_writer(fd)
+
+
+class Exchange:
+    """One request on an :class:`H2ClientConnection` and its answer."""
+
+    def __init__(self, conn: H2ClientConnection, stream_id: int,
+                 on_headers: OnHeaders | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.conn = conn
+        self.stream_id = stream_id
+        self.on_headers = on_headers
+        self.headers: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
+        self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.headers.done():
+            self.headers.set_exception(exc)
+            self.headers.exception()  # retrieved: no "never retrieved" noise
+        self.chunks.put_nowait(exc)
+
+    def cancel(self) -> None:
+        """Reset the stream (the answer is no longer wanted) and forget it."""
+        if self.conn.exchanges.pop(self.stream_id, None) is not None:
+            with contextlib.suppress(Exception):
+                self.conn.conn.reset_stream(self.stream_id, h2.errors.ErrorCodes.CANCEL)
+                self.conn.flush()
+
+    def send_body(self, body: bytes) -> None:
+        """The request body (after ``start(..., end_stream=False)``), ending the stream."""
+        self.conn.send_data(self.stream_id, body)
+
+    async def response(self) -> tuple[int, list[tuple[str, str]]]:
+        """(status, headers) of the answer."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.headers), self.conn.timeout)
+        except TimeoutError as exc:
+            raise UpstreamError("no answer from upstream in time") from exc
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The answer's body, chunk by chunk as DATA frames arrive."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self.chunks.get(), self.conn.timeout)
+            except TimeoutError as exc:
+                raise UpstreamError("upstream body stalled") from exc
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class H2ClientConnection(asyncio.Protocol):
+    """One client-side HTTP/2 connection."""
+
+    def __init__(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.timeout = timeout
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.transport: asyncio.Transport | None = None
+        self.local = ""
+        self.tls_version: str | None = None
+        self.exchanges: dict[int, Exchange] = {}
+        self.closed = False
+        self._lost: asyncio.Future[None] = loop.create_future()
+        self._window = asyncio.Event()
+        self._first: tuple[list[tuple[str, str]], bytes, OnHeaders | None] | None = None
+        self.first: Exchange | None = None
+
+    @classmethod
+    async def open(cls, ip: str, port: int, sni: str | None, ctx: ssl.SSLContext | None,
+                   sock: socket.socket, timeout: float,
+                   first: tuple[list[tuple[str, str]], bytes, OnHeaders | None] | None = None
+                   ) -> H2ClientConnection:
+        """Connect ``sock`` (see :func:`bound_socket`) to ``ip:port``, TLS if ``ctx``, h2.
+
+        The SYN leaves before this coroutine first yields. ``first`` (headers, body,
+        on_headers) is sent with the connection preface, in the callback that sees the
+        handshake complete, as browsers, curl and httpx do; it is then ``self.first``.
+        """
+        err = sock.connect_ex((ip, port))
+        loop = asyncio.get_running_loop()
+        self = cls(timeout)
+        self._first = first
+        try:
+            if err == errno.EINPROGRESS:
+                await asyncio.wait_for(_writable(loop, sock), timeout)
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err not in (0, errno.EISCONN):
+                raise OSError(err, os.strerror(err))
+            await asyncio.wait_for(loop.create_connection(
+                lambda: self, sock=sock, ssl=ctx, server_hostname=sni if ctx else None),
+                timeout)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            sock.close()
+            raise UpstreamError(f"cannot connect to {sni or ip} ({ip}:{port}): {exc!r}") from exc
+        assert self.transport is not None
+        if ctx is not None:
+            ssl_object = self.transport.get_extra_info("ssl_object")
+            if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
+                self.transport.close()
+                raise UpstreamError(f"{sni} did not negotiate h2")
+            self.tls_version = ssl_object.version()
+        return self
+
+    # ------------------------------------------------------------------ protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.local = "{}:{}".format(*transport.get_extra_info("sockname")[:2])
+        self.conn.initiate_connection()
+        if self._first is not None:
+            headers, body, on_headers = self._first
+            self.first = self.start(headers, not body, on_headers, flush=False)
+            if body:
+                self.send_data(self.first.stream_id, body, flush=False)
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        started = asyncio.get_running_loop().time()
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._fail_all(UpstreamError(f"upstream protocol error: {exc}"))
+            return
+        for event in events:
+            if isinstance(event, h2.events.ResponseReceived):
+                ex = self.exchanges.get(event.stream_id)
+                if ex is None:
+                    continue
+                resp = [(str(k), str(v)) for k, v in event.headers]
+                status = int(dict(resp)[":status"])
+                headers = [(k, v) for k, v in resp if not k.startswith(":")]
+                if ex.on_headers is not None:
+                    try:
+                        ex.on_headers(status, headers, started)
+                    except Exception as exc:  # the relaying side is gone: drop the stream
+                        ex.fail(UpstreamError(f"relaying the answer failed: {exc!r}"))
+                        ex.cancel()
+                        continue
+                if not ex.headers.done():
+                    ex.headers.set_result((status, headers))
+                if event.stream_ended is not None:
+                    self._end(event.stream_id)
+            elif isinstance(event, h2.events.DataReceived):
+                self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                    event.stream_id)
+                ex = self.exchanges.get(event.stream_id)
+                if ex is not None and event.data:
+                    ex.chunks.put_nowait(event.data)
+                if event.stream_ended is not None:
+                    self._end(event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                self._end(event.stream_id)
+            elif isinstance(event, h2.events.StreamReset):
+                ex = self.exchanges.pop(event.stream_id, None)
+                if ex is not None:
+                    ex.fail(UpstreamError(f"upstream reset the stream: {event.error_code!r}"))
+                self._window.set()
+            elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+                self._window.set()
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.closed = True
+                last = event.last_stream_id or 0
+                for sid in [s for s in self.exchanges if s > last]:
+                    self.exchanges.pop(sid).fail(UpstreamError("upstream sent GOAWAY"))
+        self.flush()
+
+    def _end(self, stream_id: int) -> None:
+        ex = self.exchanges.pop(stream_id, None)
+        if ex is not None:
+            ex.chunks.put_nowait(None)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.closed = True
+        for ex in self.exchanges.values():
+            ex.fail(exc)
+        self.exchanges.clear()
+        self._window.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(UpstreamError("upstream closed the connection"))
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    # ------------------------------------------------------------------ API
+
+    def start(self, headers: list[tuple[str, str]], end_stream: bool,
+              on_headers: OnHeaders | None = None, flush: bool = True) -> Exchange:
+        """Send a request's HEADERS now; the body follows with ``Exchange.send_body``.
+
+        ``on_headers(status, headers, started)`` is called from the callback that read
+        the answer's HEADERS; ``started`` is the loop time at which that callback began.
+        """
+        if self.closed:
+            raise UpstreamError("the connection is closed")
+        sid = self.conn.get_next_available_stream_id()
+        ex = self.exchanges[sid] = Exchange(self, sid, on_headers)
+        self.conn.send_headers(sid, headers, end_stream=end_stream)
+        if flush:
+            self.flush()
+        return ex
+
+    def send_data(self, stream_id: int, body: bytes, flush: bool = True) -> None:
+        """Send a (small) request body and end the stream."""
+        try:
+            if body:
+                self.conn.send_data(stream_id, body, end_stream=True)
+            else:
+                self.conn.end_stream(stream_id)
+        except h2.exceptions.FlowControlError as exc:  # the lab's bodies are tiny
+            raise UpstreamError(f"request body too large for the window: {exc}") from exc
+        except h2.exceptions.StreamClosedError:
+            return
+        if flush:
+            self.flush()
+
+    async def request(self, headers: list[tuple[str, str]], body: bytes,
+                      on_headers: OnHeaders | None = None) -> Exchange:
+        """Send a whole request; await ``.response()`` / iterate ``.body()`` on the result."""
+        ex = self.start(headers, not body, on_headers)
+        if body:
+            self.send_data(ex.stream_id, body)
+        return ex
+
+    async def close(self) -> None:
+        """GOAWAY, then wait for the server to close first, then close."""
+        self.closed = True
+        if self.transport is None:
+            return
+        with contextlib.suppress(Exception):
+            self.conn.close_connection()
+            self.flush()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self._lost), min(self.timeout, 2.0))
+        self.transport.close()

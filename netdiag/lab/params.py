@@ -1,0 +1,182 @@
+"""The lab's parameters and its fixed topology (loopback addresses only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+DNS_IP, DNS_PORT = "127.0.0.53", 53
+EDGE_IP, EDGE_PORT, EDGE_NAME = "127.0.0.10", 443, "api.roc.test"
+ROUTER_IP, ROUTER_PORT, ROUTER_NAME = "127.0.0.11", 8080, "router.roc.test"
+REDIS_IP, REDIS_PORT, REDIS_NAME = "127.0.0.12", 6379, "redis.roc.test"
+ROC_CLIENT_IP = "127.0.0.2"
+DPF_CLIENT_IP = "127.0.0.3"
+ORIGIN_PORT = 443
+NX_NAME = "api.nowhere.test"
+MAX_ORIGINS = 9
+"""Origins per path: ROC ``127.0.0.21..29``, DPF ``127.0.0.31..39``."""
+
+
+def roc_origin(n: int) -> tuple[str, str]:
+    """(address, name) of ROC origin ``n`` (1-based)."""
+    return f"127.0.0.{20 + n}", f"gpu-{n}.roc.test"
+
+
+def dpf_origin(n: int) -> tuple[str, str]:
+    """(address, name) of DPF origin ``n`` (1-based)."""
+    return f"127.0.0.{30 + n}", f"gpu-{n}.dpf.test"
+
+
+@dataclass
+class LabParams:
+    """Everything a lab run can be told. Every delay is a parameter (milliseconds)."""
+
+    requests: int = 16
+    """Requests per path (ROC and DPF each)."""
+    concurrency: int = 4
+    """Requests in flight at once, per path."""
+    sse_share: float = 0.25
+    """Share of requests that ask for a streamed (SSE) answer; the rest get JSON."""
+    origins: int = 3
+    """Origin ("GPU") servers per path."""
+    dns_delay_ms: float = 2.0
+    """The DNS server waits this long before answering."""
+    router_delay_ms: float = 10.0
+    """The ROC router's coordination time, added after its token-budget script."""
+    think_ms: float = 20.0
+    """Origin think time before the first byte (both paths unless overridden)."""
+    roc_think_ms: float | None = None
+    """Think time of the ROC origins (default: ``think_ms``)."""
+    dpf_think_ms: float | None = None
+    """Think time of the DPF origins (default: ``think_ms``)."""
+    token_gap_ms: float = 5.0
+    """Gap between two SSE token events."""
+    sse_events: int = 8
+    """Events in a streamed answer."""
+    roc_keepalive: bool = True
+    """ROC clients keep their connection to the edge (else a new one per request)."""
+    dpf_pool: bool = True
+    """DPF clients pool connections to the origins (else a new one per request)."""
+    max_connections: int = 8
+    """Client pool limit (connections per client pool)."""
+    request_gap_ms: float = 0.0
+    """Pause of each client worker between two of its requests."""
+    models: tuple[str, ...] = ("lab-small", "lab-large")
+    """Model ids the load uses (DPF hashes them; the router budgets per model)."""
+    users: int = 8
+    """Distinct user ids of the load."""
+    hash_bucket_s: int = 60
+    """DPF's time bucket: the origin is xxh64(model|user|bucket) % origins, where
+    bucket = unix time // hash_bucket_s."""
+    hash_bucket: int | None = None
+    """A fixed bucket instead of the current one (a run whose choices never change)."""
+    budget_tokens: int = 1_000_000
+    """Per-model token budget the router keeps in Redis."""
+    refill_per_s: int = 10_000
+    """Budget refill rate."""
+    request_cost: int = 100
+    """Tokens one request takes from the budget."""
+    dpf_tls: str = "1.3"
+    """TLS version of the DPF origins: ``1.3`` or ``1.2`` (ECDHE + AES-GCM)."""
+    dpf_dns_transport: str = "udp"
+    """How DPF clients resolve origin names: ``udp`` or ``tcp``."""
+    nx_lookup: bool = False
+    """The ROC client first looks up a name that does not exist (NXDOMAIN)."""
+    roc_resume: bool = False
+    """After the load, one more ROC connection resuming the TLS 1.3 session of the last."""
+    realtime: bool = True
+    """Run the DNS, router and origin processes with a real-time scheduling priority
+    (when permitted) so their injected delays hold on a busy machine."""
+    seed: int = 1
+    """Seed of the request mix."""
+    user_agent: str = "netdiag-lab/1"
+    """The clients' ``user-agent``."""
+    client_timeout_s: float = 10.0
+    """Per-request timeout of the clients."""
+    timeout_s: float = 60.0
+    """Hard limit of a whole run (start, drive, stop)."""
+    settle_ms: float = 300.0
+    """Wait after the load so the last FIN/ACKs reach the capture."""
+
+    def __post_init__(self) -> None:
+        if self.requests < 0:
+            raise ValueError("requests must be >= 0")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if not 1 <= self.origins <= MAX_ORIGINS:
+            raise ValueError(f"origins must be 1..{MAX_ORIGINS}")
+        if not 0.0 <= self.sse_share <= 1.0:
+            raise ValueError("sse_share must be within 0..1")
+        for name in ("dns_delay_ms", "router_delay_ms", "think_ms", "token_gap_ms",
+                     "request_gap_ms", "settle_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("roc_think_ms", "dpf_think_ms"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.sse_events < 0 or self.max_connections < 1 or self.users < 1:
+            raise ValueError("sse_events >= 0, max_connections >= 1 and users >= 1")
+        if self.dpf_tls not in ("1.3", "1.2"):
+            raise ValueError("dpf_tls must be '1.3' or '1.2'")
+        if self.dpf_dns_transport not in ("udp", "tcp"):
+            raise ValueError("dpf_dns_transport must be 'udp' or 'tcp'")
+        if not self.models:
+            raise ValueError("models must not be empty")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+
+    @property
+    def roc_think(self) -> float:
+        """ROC origin think time in ms."""
+        return self.think_ms if self.roc_think_ms is None else self.roc_think_ms
+
+    @property
+    def dpf_think(self) -> float:
+        """DPF origin think time in ms."""
+        return self.think_ms if self.dpf_think_ms is None else self.dpf_think_ms
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["models"] = list(self.models)
+        out["roc_think_ms"] = self.roc_think
+        out["dpf_think_ms"] = self.dpf_think
+        return out
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Addresses, ports and names of one lab."""
+
+    origins: int
+
+    @property
+    def roc_origins(self) -> list[tuple[str, str]]:
+        return [roc_origin(n) for n in range(1, self.origins + 1)]
+
+    @property
+    def dpf_origins(self) -> list[tuple[str, str]]:
+        return [dpf_origin(n) for n in range(1, self.origins + 1)]
+
+    def zone(self) -> dict[str, str]:
+        """Every name the lab's DNS answers, with its address."""
+        zone = {EDGE_NAME: EDGE_IP, ROUTER_NAME: ROUTER_IP, REDIS_NAME: REDIS_IP}
+        for ip, name in self.roc_origins + self.dpf_origins:
+            zone[name] = ip
+        return zone
+
+    def server_addresses(self) -> list[str]:
+        """Every address a lab server listens on."""
+        return [DNS_IP, EDGE_IP, ROUTER_IP, REDIS_IP] + [ip for ip, _ in self.roc_origins] + [
+            ip for ip, _ in self.dpf_origins]
+
+    def addresses(self) -> list[str]:
+        """Every lab address, clients included."""
+        return [ROC_CLIENT_IP, DPF_CLIENT_IP, *self.server_addresses()]
+
+    def check(self) -> None:
+        for ip in self.addresses():
+            if not ipaddress.ip_address(ip).is_loopback:  # pragma: no cover - constants
+                raise ValueError(f"{ip} is not a loopback address")
