@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from netdiag.errors import NetdiagError
+from netdiag.report.units import ms_number
 
 
 @click.command()
@@ -62,14 +63,7 @@ def dns(name: str, servers: tuple[str, ...], rdtype: str, tcp: bool, count: int,
                            f"{timeouts} timed out")
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
+_ms = ms_number
 
 
 def render(result: Any, console: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from netdiag.errors import NetdiagError
+from netdiag.report.units import ms_number
 
 PHASE_COLUMNS = ("dns", "connect", "tls", "send", "ttfb", "transfer", "total")
 
@@ -101,16 +102,7 @@ def probe(url: str, count: int, reuse: bool, http1: bool, method: str,
         raise NetdiagError(f"{noun} failed ({top})")
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 1000:
-        return f"{v / 1000:.2f} s"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
+_ms = ms_number
 
 
 def render(result: Any, console: Any) -> None:

@@ -11,20 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from netdiag.pipeline import Result
+from netdiag.report.units import ms_text
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 1000:
-        return f"{v / 1000:.2f} s"
-    if v >= 100:
-        return f"{v:.0f} ms"
-    if v >= 1:
-        return f"{v:.1f} ms"
-    return f"{v:.3f} ms"
+_ms = ms_text
 
 
 def _pct_row(table: Table, name: str, block: dict[str, Any]) -> None:
