@@ -1,13 +1,69 @@
-"""Documents for the report tests: paths filled in as path attribution fills them."""
+"""Documents for the report tests: paths filled in as path attribution fills them, and
+what the lab's ledger and path profile say about the shipped capture."""
 
 from __future__ import annotations
 
+import json
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+from netdiag.capture.pcapng_writer import write_pcapng
+from netdiag.capture.reader import CaptureReader
+from netdiag.paths.profile import Profile, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 ANTHO = ROOT / "captures" / "antho.pcapng"
 KEYS = ROOT / "captures" / "antho.keys"
+LEDGER = ROOT / "captures" / "antho.expected.json"
+PROFILE = ROOT / "captures" / "antho.paths.toml"
+
+
+@cache
+def ledger() -> dict[str, Any]:
+    """What the lab's clients, edge and router did in the run that wrote the capture."""
+    return json.loads(LEDGER.read_text(encoding="utf-8"))
+
+
+@cache
+def profile() -> Profile:
+    """The path profile of the lab's topology."""
+    return load_profile(str(PROFILE))
+
+
+def host(endpoint: str) -> str:
+    """``"127.0.0.2:50995"`` -> ``"127.0.0.2"``."""
+    return endpoint.rsplit(":", 1)[0]
+
+
+def strip_secrets(src: Path, dst: Path) -> Path:
+    """``src`` rewritten to ``dst`` packet for packet, without its embedded TLS keys."""
+    with CaptureReader(src) as reader, dst.open("wb") as out:
+        write_pcapng(out, reader.packets(), None)
+        assert reader.secrets, f"{src} embeds no TLS keys: nothing to strip"
+    with CaptureReader(dst) as check:
+        assert sum(1 for _ in check.packets()) == reader.packets_read
+        assert check.secrets == []
+    return dst
+
+
+def lab_http_requests() -> int:
+    """HTTP requests the lab made: the clients', the edge's (to the router, h2c) and the
+    router's (one per new connection to an origin)."""
+    lg = ledger()
+    return (sum(lg["requests"].values()) + lg["edge"]["requests"]
+            + len(lg["router"]["upstream_log"]))
+
+
+def lab_requests() -> int:
+    """Every request netdiag should report: the HTTP ones and the Redis commands."""
+    return lab_http_requests() + ledger()["router"]["redis_commands"]
+
+
+def lab_tls_requests() -> int:
+    """HTTP requests inside TLS (estimated without keys): the clients' and the router's."""
+    lg = ledger()
+    return sum(lg["requests"].values()) + len(lg["router"]["upstream_log"])
 
 
 def pct(*values: float) -> dict[str, Any]:
@@ -17,40 +73,59 @@ def pct(*values: float) -> dict[str, Any]:
 
 
 def with_paths(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with paths filled the way path attribution fills them (two paths, ROC with
-    two hops), written here so that the report tests do not depend on the attribution."""
-    names = {"127.0.0.10:443": ("ROC", "edge"), "127.0.0.20:443": ("DPF", "origin")}
+    """``doc`` with paths filled the way path attribution fills them (the profile's two
+    paths, ROC with its four hops), written here so that the report tests do not depend
+    on the attribution: each client-facing connection (one to the server of its path's
+    first hop, per the profile) is put on its path; the budgets are made up."""
+    prof = profile()
+    hops = {p.name: list(p.hops) for p in prof.paths}
+    counts = {p.name: [0, 0] for p in prof.paths}            # connections, requests
     for c in doc["connections"]:
-        if c["server"] in names:
-            name, hop = names[c["server"]]
-            c["path"] = {"name": name, "hop": hop, "inferred": False,
-                         "evidence": [f"server {c['server']} matches {name}.{hop}"]}
+        ip, _, port = c["server"].rpartition(":")
+        hit = prof.match_address(ip, int(port))
+        if hit is None or hit[1] != hops[hit[0]][0]:
+            continue
+        name, hop = hit
+        c["path"] = {"name": name, "hop": hop, "inferred": False,
+                     "evidence": [f"server {c['server']} matches {name}.{hop}"]}
+        counts[name][0] += 1
+        counts[name][1] += len(c["requests"])
+    assert set(counts) == {"ROC", "DPF"} and all(n for n, _ in counts.values()), counts
+
+    def usage(name: str) -> dict[str, Any]:
+        conns, reqs = counts[name]
+        return {"inferred": False, "hops": hops[name], "requests": reqs,
+                "connections": conns, "reuse_rate": 1 - conns / reqs}
+
     doc["summary"]["paths"] = {
-        "DPF": {"inferred": False, "hops": ["origin"], "requests": 7, "connections": 1,
-                "reuse_rate": 6 / 7, "ttfb_ms": pct(11.3, 12.5, 13.2),
-                "ttlb_ms": pct(11.7, 13.4, 61.6),
-                "phases": {"dns_ms": pct(4.5), "tcp_ms": pct(0.03), "tls_ms": pct(2.6),
-                           "hops": {"origin": {"own_ms": pct(11.3, 12.5, 13.2)}},
-                           "think_ms": pct(12.5), "transfer_ms": pct(0.4, 0.8, 47.0)},
+        "DPF": {**usage("DPF"), "ttfb_ms": pct(20.4, 20.5, 21.1),
+                "ttlb_ms": pct(20.4, 20.7, 55.3),
+                "phases": {"dns_ms": pct(3.1, 3.2, 3.2), "tcp_ms": pct(0.02, 0.03, 0.04),
+                           "tls_ms": pct(2.5, 2.9, 8.0),
+                           "hops": {"origin": {"own_ms": pct(20.4, 20.5, 21.1)}},
+                           "think_ms": pct(20.4, 20.5, 21.1),
+                           "transfer_ms": pct(0.06, 0.1, 34.9)},
                 "estimated": False},
-        "ROC": {"inferred": False, "hops": ["edge", "origin"], "requests": 9,
-                "connections": 5, "reuse_rate": 4 / 9, "ttfb_ms": pct(21.6, 23.1, 24.3),
-                "ttlb_ms": pct(22.0, 23.4, 28.8),
-                "phases": {"dns_ms": pct(3.9, 4.1, 5.3), "tcp_ms": pct(0.025, 0.033),
-                           "tls_ms": pct(1.1, 2.4, 3.7),
+        "ROC": {**usage("ROC"), "ttfb_ms": pct(35.1, 36.1, 37.8),
+                "ttlb_ms": pct(35.4, 36.9, 72.6),
+                "phases": {"dns_ms": pct(3.1), "tcp_ms": pct(0.015, 0.042),
+                           "tls_ms": pct(1.1, 2.8),
                            "hops": {"edge": {"own_ms": pct(3.0, 3.2, 4.0),
                                              "setup_ms": pct(1.5, 2.0)},
-                                    "origin": {"own_ms": pct(18.0, 19.9, 20.3)}},
-                           "think_ms": pct(18.0, 19.9, 20.3),
-                           "transfer_ms": pct(0.3, 0.6, 4.5)},
+                                    "router": {"own_ms": pct(10.5, 10.6, 11.0),
+                                               "setup_ms": pct(1.7, 2.4, 2.7)},
+                                    "token-store": {"own_ms": pct(0.18, 0.23, 1.36)},
+                                    "origin": {"own_ms": pct(20.4, 20.8, 21.3)}},
+                           "think_ms": pct(20.4, 20.8, 21.3),
+                           "transfer_ms": pct(0.3, 0.6, 34.8)},
                 "estimated": False},
     }
     doc["summary"]["path_comparison"] = [
         {"a": "ROC", "b": "DPF", "phase": "ttfb", "supported": True,
-         "sentence": "ROC's time to first byte is 10.6 ms longer than DPF's (medians; "
-                     "95% CI 9.8–11.7 ms)"},
+         "sentence": "ROC's time to first byte is 15.7 ms longer than DPF's (medians; "
+                     "95% CI 15.2–16.4 ms)"},
         {"a": "ROC", "b": "DPF", "phase": "dns", "supported": False,
-         "sentence": "ROC vs DPF, DNS lookup: not enough evidence (5 samples against 1)"},
+         "sentence": "ROC vs DPF, DNS lookup: not enough evidence (1 sample against 3)"},
     ]
     return doc
 

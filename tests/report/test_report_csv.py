@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_docs import with_paths
+from report_docs import lab_requests, ledger, profile, with_paths
 
 from netdiag.report.csv_out import (
     CONNECTION_COLUMNS,
@@ -49,10 +49,13 @@ def test_one_file_per_record_type_with_every_record(fixture: str, tmp_path: Path
     assert [p.name for p in paths] == NAMES
     assert all(p.parent == tmp_path / "out" and p.is_file() for p in paths)
     tables = {p.name: read(p) for p in paths}
+    # every record, Redis commands and requests estimated without keys included: as many
+    # as the lab's ledger says it made
     n_requests = sum(len(c["requests"]) for c in doc["connections"])
-    assert len(tables["dns.csv"][1]) == len(doc["dns"]) == 7
-    assert len(tables["connections.csv"][1]) == len(doc["connections"]) == 7
-    assert len(tables["requests.csv"][1]) == n_requests == 16
+    assert len(tables["dns.csv"][1]) == len(doc["dns"]) == ledger()["dns_queries"]
+    assert (len(tables["connections.csv"][1]) == len(doc["connections"])
+            == sum(ledger()["tcp_connections"].values()))
+    assert len(tables["requests.csv"][1]) == n_requests == lab_requests()
     assert len(tables["findings.csv"][1]) == len(doc["findings"])
     keys = [r["key"] for r in tables["summary.csv"][1]]
     assert len(keys) == len(set(keys))
@@ -93,7 +96,12 @@ def test_values_round_trip(doc_keys: dict[str, Any], tmp_path: Path) -> None:
         assert (row["connection"], row["index"]) == (cid, str(i))
         for k in ("ts", "method", "path", "status", "ttfb_ms", "estimated", "stream_id"):
             assert row[k] == cell(r[k])
-        assert json.loads(row["request_headers"]) == r["request_headers"]
+        assert row["request_headers"] == cell(r["request_headers"])
+        if r["request_headers"] is None:         # Redis commands have no headers: empty
+            assert r["protocol"] == "resp" and row["request_headers"] == ""
+        else:                                    # compact JSON
+            assert json.loads(row["request_headers"]) == r["request_headers"]
+    assert {row["request_headers"] == "" for row in rows} == {True, False}
     sse = [row for row in rows if row["path"] == "/v1/stream"]
     assert json.loads(sse[0]["chunk_gaps_ms"]) == next(
         r for _, _, r in flat if r["path"] == "/v1/stream")["chunk_gaps_ms"]
@@ -129,14 +137,25 @@ def test_header_does_not_depend_on_the_data(doc_keys: dict[str, Any],
 
 def test_paths_and_chains_are_flattened(doc_keys: dict[str, Any], tmp_path: Path) -> None:
     doc = with_paths(doc_keys)
-    doc["connections"][0]["requests"][0]["caused_by"] = {"connection": "C9", "request": 2}
+    # the first connection on a path with more than one request (its row and its rows
+    # in requests.csv are found by position: one row per record, in document order)
+    ci, conn = next((i, c) for i, c in enumerate(doc["connections"])
+                    if c["path"] and len(c["requests"]) > 1)
+    conn["requests"][0]["caused_by"] = {"connection": "C9", "request": 2}
+    first = sum(len(c["requests"]) for c in doc["connections"][:ci])
     paths = dict(zip(NAMES, write_csv(doc, tmp_path), strict=True))
     _, conns = read(paths["connections.csv"])
-    assert conns[0]["path.name"] == "ROC" and conns[0]["path.hop"] == "edge"
-    assert json.loads(conns[0]["path.evidence"]) == doc["connections"][0]["path"]["evidence"]
+    assert conns[ci]["id"] == conn["id"]
+    assert (conns[ci]["path.name"], conns[ci]["path.hop"]) == (conn["path"]["name"],
+                                                               conn["path"]["hop"])
+    assert conns[ci]["path.name"] in {p.name for p in profile().paths}
+    assert json.loads(conns[ci]["path.evidence"]) == conn["path"]["evidence"]
     _, reqs = read(paths["requests.csv"])
-    assert (reqs[0]["caused_by.connection"], reqs[0]["caused_by.request"]) == ("C9", "2")
-    assert reqs[1]["caused_by.connection"] == ""
+    assert (reqs[first]["connection"], reqs[first]["index"]) == (conn["id"], "0")
+    assert (reqs[first]["caused_by.connection"], reqs[first]["caused_by.request"]) == (
+        "C9", "2")
+    assert (reqs[first + 1]["connection"], reqs[first + 1]["index"]) == (conn["id"], "1")
+    assert reqs[first + 1]["caused_by.connection"] == ""
     _, summary = read(paths["summary.csv"])
     kv = {r["key"]: r["value"] for r in summary}
     assert kv["paths.ROC.phases.hops.edge.own_ms.p50"] == "3.2"
@@ -148,17 +167,22 @@ HOSTILE = 'a,b "quoted"\r\nnext line; =cmd|\' /C calc\'!A0'
 
 def test_rfc4180_quoting_round_trips_hostile_text(doc_keys: dict[str, Any],
                                                   tmp_path: Path) -> None:
+    # the first TLS connection with a request, and that request's row in requests.csv
+    ci, conn = next((i, c) for i, c in enumerate(doc_keys["connections"])
+                    if c["tls"] and c["requests"])
+    ri = sum(len(c["requests"]) for c in doc_keys["connections"][:ci])
     doc_keys["dns"][0]["qname"] = HOSTILE
-    doc_keys["connections"][0]["tls"]["sni"] = HOSTILE
-    doc_keys["connections"][0]["requests"][0]["path"] = HOSTILE
+    conn["tls"]["sni"] = HOSTILE
+    conn["requests"][0]["path"] = HOSTILE
     doc_keys["findings"][0]["detail"] = HOSTILE
     paths = dict(zip(NAMES, write_csv(doc_keys, tmp_path), strict=True))
     assert read(paths["dns.csv"])[1][0]["qname"] == HOSTILE
-    assert read(paths["connections.csv"])[1][0]["tls.sni"] == HOSTILE
-    assert read(paths["requests.csv"])[1][0]["path"] == HOSTILE
+    assert read(paths["connections.csv"])[1][ci]["tls.sni"] == HOSTILE
+    assert read(paths["requests.csv"])[1][ri]["path"] == HOSTILE
     assert read(paths["findings.csv"])[1][0]["detail"] == HOSTILE
     raw = paths["dns.csv"].read_bytes()
-    assert raw.count(b"\r\n") >= 8 and not raw.startswith(b"\xef\xbb\xbf")
+    assert raw.count(b"\r\n") >= len(doc_keys["dns"]) + 2 and not raw.startswith(
+        b"\xef\xbb\xbf")
     assert b'"a,b ""quoted""\r\nnext line;' in raw
 
 

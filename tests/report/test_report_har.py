@@ -8,9 +8,11 @@ import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
+from report_docs import host, lab_http_requests, lab_tls_requests, ledger
 
 from netdiag.report.har import ESTIMATED_COMMENT, attribute_dns, build_har
 
@@ -33,6 +35,24 @@ def epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def own_lookups(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Connection id -> the answered lookups it may have waited for: a connection is the
+    first from its client address to a server address that a lookup from that client
+    answered (a later one, like the resumed ROC connection, uses the cached answer; the
+    router reaches its origins and the edge its router by address, without DNS)."""
+    answered = [d for d in doc["dns"] if d["answers"]]
+    first: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in sorted(doc["connections"], key=lambda c: c["ts"]):
+        first.setdefault((host(c["client"]), host(c["server"])), c)
+    out = {}
+    for (client, server), c in first.items():
+        lookups = [d for d in answered
+                   if host(d["client"]) == client and server in d["answers"]]
+        if lookups:
+            out[c["id"]] = lookups
+    return out
+
+
 def test_schema_is_a_valid_draft7_schema() -> None:
     jsonschema.Draft7Validator.check_schema(SCHEMA)
 
@@ -48,7 +68,9 @@ def test_har_is_valid_and_has_one_entry_per_request(fixture: str,
     assert log["version"] == "1.2"
     assert log["creator"] == {"name": "netdiag", "version": doc["netdiag_version"],
                               "comment": "report contract 1"}
-    assert len(log["entries"]) == len(http_requests(doc)) == 16
+    # every HTTP request the lab made (Redis commands are not HTTP), found with or
+    # without keys
+    assert len(log["entries"]) == len(http_requests(doc)) == lab_http_requests()
     assert [p["id"] for p in log["pages"]] == ["capture"]
     assert all(e["pageref"] == "capture" for e in log["entries"])
     starts = [epoch(e["startedDateTime"]) for e in log["entries"]]
@@ -79,23 +101,33 @@ def test_timings_add_up_and_end_at_the_last_byte(fixture: str,
 def test_first_request_pays_for_the_connection_later_ones_do_not(
         doc_keys: dict[str, Any]) -> None:
     conns = {c["id"]: c for c in doc_keys["connections"]}
+    lookups = own_lookups(doc_keys)
     entries = build_har(doc_keys)["log"]["entries"]
     by_conn: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_conn.setdefault(e["connection"], []).append(e)
-    assert set(by_conn) == {c["id"] for c in doc_keys["connections"] if c["requests"]}
+    assert set(by_conn) == {c["id"] for c in doc_keys["connections"]
+                            if any(r["protocol"] != "resp" for r in c["requests"])}
+    assert any(conns[cid]["tls"] is None for cid in by_conn)         # h2c is there too
     for cid, es in by_conn.items():
         c = conns[cid]
         first, rest = es[0], es[1:]
         t = first["timings"]
-        rtt, tls = c["handshake_rtt_ms"], c["tls"]["handshake_ms"]
-        assert t["connect"] == pytest.approx(rtt + tls, abs=0.002)
-        assert t["ssl"] == pytest.approx(tls, abs=0.001)
-        # every connection of the capture was preceded by its own lookup
-        lookups = [d for d in doc_keys["dns"]
-                   if c["server"].rsplit(":", 1)[0] in d["answers"]]
-        assert any(t["dns"] == pytest.approx(d["latency_ms"], abs=0.001) for d in lookups)
-        assert first["_netdiag"]["dns"]["qname"] == c["tls"]["sni"]
+        rtt = c["handshake_rtt_ms"]
+        if c["tls"]:
+            tls = c["tls"]["handshake_ms"]
+            assert t["connect"] == pytest.approx(rtt + tls, abs=0.002)
+            assert t["ssl"] == pytest.approx(tls, abs=0.001)
+        else:                                  # cleartext (h2c): no TLS to pay for
+            assert t["connect"] == pytest.approx(rtt, abs=0.001)
+            assert t["ssl"] == -1
+        # a connection preceded by its own lookup pays for it, the others have no DNS
+        if cid in lookups:
+            assert any(t["dns"] == pytest.approx(d["latency_ms"], abs=0.001)
+                       for d in lookups[cid])
+            assert first["_netdiag"]["dns"]["qname"] == c["tls"]["sni"]
+        else:
+            assert t["dns"] == -1 and "dns" not in first["_netdiag"]
         assert t["blocked"] >= 0
         assert first["_netdiag"]["reused_connection"] is False
         for e in rest:
@@ -103,54 +135,89 @@ def test_first_request_pays_for_the_connection_later_ones_do_not(
             assert e["_netdiag"]["reused_connection"] is True
             assert epoch(e["startedDateTime"]) == pytest.approx(e["_netdiag"]["request_ts"],
                                                                 abs=2e-6)
+    # every answered lookup of the lab was paid for by the connection it was made for
+    paid = [e for e in entries if e["timings"]["dns"] >= 0]
+    lg = ledger()
+    assert len(paid) == len(lookups) == lg["dns_queries"] - lg["dns_nxdomain"]
 
 
 def test_each_dns_lookup_is_given_to_one_connection(doc_keys: dict[str, Any]) -> None:
     given = attribute_dns(doc_keys)
     ids = [id(d) for d in given.values()]
     assert len(ids) == len(set(ids))
-    # the six HTTPS connections each got their lookup; DNS over TCP (to the resolver) none
-    https = {c["id"] for c in doc_keys["connections"] if c["tls"]}
-    assert set(given) == https
+    # each answered lookup went to the connection it was made for (the first from its
+    # client to the answered address); DNS over TCP (to the resolver), the resumed
+    # connection (cached answer) and the hops behind the edge got none
+    lookups = own_lookups(doc_keys)
+    assert set(given) == set(lookups)
+    assert all(any(given[cid] is d for d in ds) for cid, ds in lookups.items())
+    assert sorted(ids) == sorted(id(d) for d in doc_keys["dns"] if d["answers"])
+    dns_tcp = {c["id"] for c in doc_keys["connections"] if c["protocol"] == "dns"}
+    assert dns_tcp and not dns_tcp & set(given)
 
 
 def test_decrypted_entries_carry_what_was_decoded(doc_keys: dict[str, Any]) -> None:
+    lg = ledger()
+    srv = lg["servers"]
+    names = {srv["edge"]["name"]} | {o["name"] for o in srv["roc_origins"] + srv["dpf_origins"]}
+    addresses = {host(srv["edge"]["address"]), host(srv["router"]["address"])} | {
+        host(o["address"]) for o in srv["roc_origins"] + srv["dpf_origins"]}
+    url_paths = {r["url_path"] for r in lg["request_log"]}
+    conns = {c["id"]: c for c in doc_keys["connections"]}
     entries = build_har(doc_keys)["log"]["entries"]
     assert not any("comment" in e for e in entries)
     for e in entries:
         req, resp = e["request"], e["response"]
-        assert req["url"] in ("https://api.roc.test/v1/messages",
-                              "https://api.dpf.test/v1/messages",
-                              "https://api.dpf.test/v1/stream")
+        c = conns[e["connection"]]
+        url = urlsplit(req["url"])
+        assert url.scheme == ("https" if c["tls"] else "http")    # h2c edge -> router
+        assert url.hostname in names and url.path in url_paths and not url.query
+        if c["tls"]:
+            assert url.hostname == c["tls"]["sni"]
         assert req["method"] in ("GET", "POST")
         assert req["httpVersion"] == resp["httpVersion"] == "HTTP/2"
-        names = [h["name"] for h in req["headers"]]
-        assert ":method" in names and ":path" in names
+        names_sent = [h["name"] for h in req["headers"]]
+        assert ":method" in names_sent and ":path" in names_sent
         assert resp["status"] == 200
         assert any(h["name"] == "content-type" for h in resp["headers"])
-        assert e["serverIPAddress"] in ("127.0.0.10", "127.0.0.20")
+        assert e["serverIPAddress"] in addresses
+        assert e["serverIPAddress"] == host(c["server"])
         assert e["_netdiag"]["stream_id"] % 2 == 1
         if req["method"] == "POST":
             assert req["bodySize"] > 0
+    # each streamed answer, at every HTTP hop it crossed: DPF's at the origin, ROC's at
+    # the edge, the router and the origin
     sse = [e for e in entries if e["request"]["url"].endswith("/v1/stream")]
-    assert len(sse) == 1
-    assert sse[0]["response"]["content"]["mimeType"] == "text/event-stream"
-    assert sse[0]["_netdiag"]["sse_events"] == 10
-    assert len(sse[0]["_netdiag"]["chunk_gaps_ms"]) == 9
+    assert len(sse) == lg["paths"]["DPF"]["sse"] + 3 * lg["paths"]["ROC"]["sse"]
+    assert len(sse) == doc_keys["summary"]["http"]["streaming"]["responses"]
+    events = lg["params"]["sse_events"]
+    for e in sse:
+        assert e["response"]["content"]["mimeType"] == "text/event-stream"
+        assert e["_netdiag"]["sse_events"] == events
+        assert len(e["_netdiag"]["chunk_gaps_ms"]) == events - 1
 
 
 def test_estimated_entries_say_so(doc_nokeys: dict[str, Any]) -> None:
+    conns = {c["id"]: c for c in doc_nokeys["connections"]}
     har = build_har(doc_nokeys)
     entries = har["log"]["entries"]
-    assert entries
-    for e in entries:
+    estimated = [e for e in entries if conns[e["connection"]]["tls"]]
+    cleartext = [e for e in entries if not conns[e["connection"]]["tls"]]
+    # every request inside TLS is estimated; the edge's h2c requests are still exact
+    assert len(estimated) == lab_tls_requests()
+    assert len(cleartext) == ledger()["edge"]["requests"]
+    for e in estimated:
         assert e["comment"] == ESTIMATED_COMMENT
         assert e["_netdiag"]["estimated"] is True
-        assert e["request"]["url"].startswith(("https://api.roc.test/",
-                                               "https://api.dpf.test/"))
+        sni = conns[e["connection"]]["tls"]["sni"]
+        assert e["request"]["url"] == f"https://{sni}/"
         assert e["response"]["status"] == 0
         assert e["response"]["bodySize"] == -1
-    assert "16 of 16 entries are estimated" in har["log"]["comment"]
+    for e in cleartext:
+        assert "comment" not in e and e["_netdiag"]["estimated"] is False
+        assert e["request"]["url"].startswith("http://") and e["response"]["status"] == 200
+    assert doc_nokeys["summary"]["http"]["estimated_requests"] == len(estimated)
+    assert f"{len(estimated)} of {len(entries)} entries are estimated" in har["log"]["comment"]
 
 
 def _synthetic() -> dict[str, Any]:

@@ -7,7 +7,15 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from report_docs import HOSTILE, hostile_doc, with_paths
+from report_docs import (
+    HOSTILE,
+    hostile_doc,
+    lab_http_requests,
+    lab_tls_requests,
+    ledger,
+    profile,
+    with_paths,
+)
 
 from netdiag.report.html import MAX_WATERFALLS, render_html
 
@@ -101,30 +109,47 @@ def test_sections_of_a_decrypted_report_with_paths(doc_keys: dict[str, Any]) -> 
     assert "<title>netdiag report — antho.pcapng</title>" in out
     assert "/captures/antho.pcapng · " in out           # the full name under the title
     assert "Estimated timings" not in out
-    # budget: both paths, ROC's two hops with the edge's upstream setup
-    assert 'colspan="2">DPF</th>' in out and 'colspan="2">ROC</th>' in out
+    # budget: every path of the profile, ROC's hops with the edge's upstream setup
+    names = [p.name for p in profile().paths]
+    assert len(names) == 2
+    for name in names:
+        assert f'colspan="2">{name}</th>' in out
     assert "hop edge: own time" in out and "hop edge: upstream setup" in out
     assert 'aria-label="median latency budget per path"' in out
     assert "supported" in out and "inconclusive" in out
     # one CDF with a line per path, one histogram per path
     cdf = out[out.index('aria-label="cumulative distribution'):]
     cdf = cdf[:cdf.index("</svg>")]
-    assert cdf.count('<path class="line') == 2
-    assert out.count('aria-label="histogram of time to first byte') == 2
-    # a waterfall per HTTPS connection (the DNS-over-TCP one only in the table)
-    assert out.count('<details class="conn"') == 6
-    assert out.count('aria-label="waterfall of connection') == 6
-    # the SSE answer's ten events are ticks
-    assert out.count('<line class="tick"') >= 10
+    assert cdf.count('<path class="line') == len(names)
+    assert out.count('aria-label="histogram of time to first byte') == len(names)
+    # a waterfall per connection with requests or TLS: all but the DNS-over-TCP ones,
+    # which are only in the table
+    tcp = ledger()["tcp_connections"]
+    drawn = [c for c in doc_keys["connections"] if c["requests"] or c["tls"]]
+    assert len(drawn) == sum(tcp.values()) - tcp["dns"]
+    assert out.count('<details class="conn"') == len(drawn)
+    assert out.count('aria-label="waterfall of connection') == len(drawn)
+    # the SSE answers' events are ticks
+    events = [r["sse_events"] for c in doc_keys["connections"] for r in c["requests"]
+              if r["sse_events"]]
+    assert len(events) == doc_keys["summary"]["http"]["streaming"]["responses"]
+    assert set(events) == {ledger()["params"]["sse_events"]}
+    assert out.count('<line class="tick"') == sum(events)
     for phase in ("ph-dns", "ph-tcp", "ph-tls", "ph-wait", "ph-recv"):
         assert f'<rect class="{phase}"' in out
     # decoded headers are shown (folded)
-    assert "user-agent" in out and "netdiag-lab/1 (antho capture)" in out
+    assert "user-agent" in out and ledger()["params"]["user_agent"] in out
 
 
 def test_estimated_report_says_so(doc_nokeys: dict[str, Any]) -> None:
     out = render_html(doc_nokeys)
-    assert "Estimated timings" in out and "16 of 16 requests" in out
+    http = [r for c in doc_nokeys["connections"] for r in c["requests"]
+            if r["protocol"] != "resp"]
+    estimated = [r for r in http if r["estimated"]]
+    # the requests inside TLS are estimated; the edge's h2c requests are still exact
+    assert (len(estimated), len(http)) == (lab_tls_requests(), lab_http_requests())
+    assert 0 < len(estimated) < len(http)
+    assert "Estimated timings" in out and f"{len(estimated)} of {len(http)} requests" in out
     assert "Time to first byte (estimated)" in out
     assert "request 1 (estimated)" in out
     assert "Latency budget per path" not in out

@@ -1,5 +1,6 @@
 """The three formatters on a document whose paths the real path attribution filled
-(``netdiag.paths.apply.apply_paths``, without a profile: inferred paths)."""
+(``netdiag.paths.apply.apply_paths``): with the lab's profile, and without a profile
+(inferred paths)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from report_docs import ANTHO, KEYS
+from report_docs import ANTHO, KEYS, ledger, profile
 
 from netdiag.pipeline import Options, analyze
 from netdiag.report.csv_out import write_csv
@@ -21,18 +22,38 @@ from netdiag.tls.keylog import KeyLog
 apply = pytest.importorskip("netdiag.paths.apply")
 
 
-@pytest.fixture(scope="module")
-def doc() -> dict[str, Any]:
+def expected_paths(with_profile: bool) -> set[str]:
+    """The paths the attribution should find: the profile's, or without one (docs/
+    profiles.md) ``via SERVER`` for the client-facing proxy (the ROC edge) and
+    ``direct SERVER`` for each server the DPF clients reach directly."""
+    if with_profile:
+        return {p.name for p in profile().paths}
+    lg = ledger()
+    servers: dict[str, set[str]] = {c["path"]: set() for c in lg["connection_log"]}
+    for c in lg["connection_log"]:
+        servers[c["path"]].add(c["server"])
+    assert servers["ROC"] == {lg["servers"]["edge"]["address"]}
+    return ({f"via {s}" for s in servers["ROC"]}
+            | {f"direct {s}" for s in servers["DPF"]})
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["profile", "inferred"])
+def attributed(request: pytest.FixtureRequest) -> tuple[bool, dict[str, Any]]:
+    """(whether the profile was used, the document attributed with it or without)."""
     sink = CollectingSink()
     result = analyze([str(ANTHO)], sink, Options(keylog=KeyLog.from_file(KEYS)))
     d = sink.document(result, headers=True)
-    apply.apply_paths(d, sink.connections, sink.dns_records, None)
-    return d
+    apply.apply_paths(d, sink.connections, sink.dns_records,
+                      profile() if request.param else None)
+    return request.param, d
 
 
-def test_attributed_document_in_every_format(doc: dict[str, Any], tmp_path: Path) -> None:
+def test_attributed_document_in_every_format(attributed: tuple[bool, dict[str, Any]],
+                                             tmp_path: Path) -> None:
+    with_profile, doc = attributed
     paths = doc["summary"]["paths"]
-    assert len(paths) == 2
+    assert set(paths) == expected_paths(with_profile)
+    assert all(p["inferred"] is not with_profile for p in paths.values())
     har = build_har(doc)
     schema = json.loads((Path(__file__).parent / "har12.schema.json").read_text())
     jsonschema.validate(har, schema, cls=jsonschema.Draft7Validator)
