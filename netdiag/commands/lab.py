@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -13,6 +14,8 @@ import click
 
 from netdiag.console import stderr_console
 
+LAB_MODULES = ("redis", "xxhash", "httpx", "h2", "hypercorn")
+"""Python packages of the ``lab`` extra that the lab imports while it runs."""
 
 @click.command()
 @click.option("-w", "--write", "out", required=True,
@@ -87,6 +90,9 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
     if find_redis_server() is None:
         raise LabError("redis-server not found: install redis-server "
                        "(apt-get install redis-server)")
+    missing = [m for m in LAB_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LabError(f"netdiag lab needs {', '.join(missing)}: pip install 'netdiag[lab]'")
     params = LabParams(
         requests=requests, concurrency=concurrency, origins=origins,
         dns_delay_ms=dns_delay_ms, router_delay_ms=router_delay_ms, think_ms=think_ms,
