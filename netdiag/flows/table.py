@@ -107,12 +107,16 @@ class FlowTable:
                     while et in ETH_VLAN:
                         et = (data[off + 2] << 8) | data[off + 3]
                         off += 4
-                elif ltype == 113:  # LINUX_SLL
-                    et = (data[14] << 8) | data[15]
-                    off = 16
-                elif ltype == 276:  # LINUX_SLL2
-                    et = (data[0] << 8) | data[1]
-                    off = 20
+                elif ltype == 113 or ltype == 276:  # LINUX_SLL, LINUX_SLL2
+                    if ltype == 113:
+                        et = (data[14] << 8) | data[15]
+                        off = 16
+                    else:
+                        et = (data[0] << 8) | data[1]
+                        off = 20
+                    while et in ETH_VLAN:  # a tag the capture put back after the header
+                        et = (data[off + 2] << 8) | data[off + 3]
+                        off += 4
                 elif ltype == 0 or ltype == 108:  # NULL (host byte order), LOOP (network)
                     fam = int.from_bytes(data[0:4], "big")
                     if fam > 0xFFFF:

@@ -107,6 +107,11 @@ LINK_CASES = [
     ("sll-v6", lt.LINKTYPE_LINUX_SLL, lambda: CookedLinux(proto=0x86DD) / udp6(), V6_EPS),
     ("sll2", lt.LINKTYPE_LINUX_SLL2, lambda: CookedLinuxV2(proto=0x0800) / udp4(), V4_EPS),
     ("sll2-v6", lt.LINKTYPE_LINUX_SLL2, lambda: CookedLinuxV2(proto=0x86DD) / udp6(), V6_EPS),
+    # a VLAN tag put back after the cooked header (netdiag capture -i any does so)
+    ("sll-vlan", lt.LINKTYPE_LINUX_SLL,
+     lambda: CookedLinux(proto=0x8100) / Dot1Q(vlan=7) / udp4(), V4_EPS),
+    ("sll2-vlan", lt.LINKTYPE_LINUX_SLL2,
+     lambda: CookedLinuxV2(proto=0x8100) / Dot1Q(vlan=7) / udp4(), V4_EPS),
     ("raw-v4", lt.LINKTYPE_RAW, udp4, V4_EPS),
     ("raw-v6", lt.LINKTYPE_RAW, udp6, V6_EPS),
     ("ipv4", lt.LINKTYPE_IPV4, udp4, V4_EPS),
