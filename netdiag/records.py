@@ -291,6 +291,9 @@ class Connection:
     """TCP payload bytes from server to client (retransmissions excluded)."""
     last_ns: int = 0
     """Capture time of the connection's last packet."""
+    server_ttl: int | None = None
+    """IP TTL (hop limit) of the server's SYN-ACK, or of its first packet when the
+    connection was first seen from the server; hop distance = next initial TTL - this."""
     handshake_seen: bool = False
     """The SYN was captured, so orientation comes from it rather than from ports."""
     close: str = "open"
@@ -319,6 +322,7 @@ class Connection:
             "packets": self.packets, "out_of_order": self.out_of_order,
             "lost_bytes": self.lost_bytes, "syn_retransmissions": self.syn_retransmissions,
             "handshake_seen": self.handshake_seen, "close": self.close,
+            "server_ttl": self.server_ttl,
             "tls": None if self.tls is None else self.tls.to_json(),
             "protocol": self.protocol, "path": self.path, "http2": self.http2,
         }

@@ -146,6 +146,7 @@ class FlowTable:
                         self.undecoded += 1
                         continue
                     proto = data[off + 9]
+                    ttl = data[off + 8]
                     frag = (data[off + 6] << 8) | data[off + 7]
                     if frag & 0x3FFF:
                         whole = self.defrag.add(
@@ -169,6 +170,7 @@ class FlowTable:
                     if end > len(data):
                         end = len(data)
                     proto = data[off + 6]
+                    ttl = data[off + 7]
                     l4 = off + 40
                     addr = data[off + 8:off + 40]
                     alen = 16
@@ -215,6 +217,10 @@ class FlowTable:
                 if entry is None or (flags & SYN and not flags & ACK
                                      and self._new_syn(entry, seq)):
                     entry = self._new_flow(ts, data, addr, alen, l4, flags, key, entry)
+                    if entry[1] == 1:
+                        entry[0].conn.server_ttl = ttl
+                elif flags & SYN and entry[1] == 1:
+                    entry[0].conn.server_ttl = ttl  # the SYN-ACK: the server's own TTL
                 start = l4 + ((data[l4 + 12] >> 4) << 2)
                 entry[0].packet(entry[1], ts, flags, seq, data[start:end] if end > start else b"",
                                 pkt)

@@ -37,14 +37,14 @@ SRV = ("10.0.0.2", 443)
 
 
 def frame(src: tuple[str, int], dst: tuple[str, int], flags: str, seq: int,
-          payload: bytes = b"", ack: int = 0) -> bytes:
+          payload: bytes = b"", ack: int = 0, ttl: int = 64) -> bytes:
     """An Ethernet/IPv4/TCP frame with zero checksums (the scan does not verify them)."""
     fl = 0
     for ch in flags:
         fl |= FLAGS[ch]
     tcp = struct.pack(">HHIIBBHHH", src[1], dst[1], seq & 0xFFFFFFFF, ack & 0xFFFFFFFF,
                       5 << 4, fl, 65535, 0, 0)
-    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0, 64, 6, 0,
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0, ttl, 6, 0,
                      socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
     return MAC + b"\x08\x00" + ip + tcp + payload
 
@@ -687,3 +687,17 @@ def test_unclaimed_reordered_stream_counts_exact_bytes(
     h.table.scan(pkts)
     conn = h.end()["C1"].conn
     assert conn.bytes_to_server == len(data) and conn.lost_bytes == 0
+
+
+def test_server_ttl_from_the_syn_ack_or_the_first_server_packet() -> None:
+    h = Harness()
+    h.table.scan([(T0, 1, frame(C, SRV, "S", 1000), 54),
+                  (T0 + US, 1, frame(SRV, C, "SA", 9000, ack=1001, ttl=57), 54),
+                  (T0 + 2 * US, 1, frame(SRV, C, "A", 9001, ack=1001, ttl=3), 54)])
+    # a mid-stream connection first seen from the server side
+    other = (C[0], C[1] + 1)
+    h.table.scan([(T0 + 3 * US, 1, frame(SRV, other, "PA", 5, b"x", ttl=120), 55)])
+    flows = h.end()
+    assert flows["C1"].conn.server_ttl == 57  # the SYN-ACK's, not a later packet's
+    assert flows["C2"].conn.server_ttl == 120
+    assert flows["C1"].conn.to_json()["server_ttl"] == 57

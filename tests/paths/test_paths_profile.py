@@ -165,6 +165,11 @@ def test_match_authority_alpn_client_header_ttl() -> None:
     assert p.match(c) is not None  # type: ignore[arg-type]
     ttl = parse_profile(HEAD + 'hop = "edge"\nttl_hops = [2]\n')
     assert ttl.match(c) is None  # type: ignore[arg-type]
+    c.server_ttl = 62  # type: ignore[attr-defined]  # 64 - 62: two routers away
+    m = ttl.match(c)  # type: ignore[arg-type]
+    assert m is not None and any("ttl hop distance 2" in e for e in m.evidence)
+    c.server_ttl = 60  # type: ignore[attr-defined]
+    assert ttl.match(c) is None  # type: ignore[arg-type]
 
 
 def test_resp_keys_are_not_authorities() -> None:
