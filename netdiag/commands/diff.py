@@ -49,7 +49,7 @@ def diff(before: str, after: str, keylogs: tuple[str, ...], fmt: str, output: st
     Exit status: 0 done; 1 input error; 3 a capture is damaged or truncated (compared
     up to the damage).
     """
-    from netdiag.commands.report import _load_keylogs
+    from netdiag.commands.common import load_keylogs
     from netdiag.diff.compare import compare
     from netdiag.diff.load import load_side
     from netdiag.diff.render import render_html, render_json, render_text
@@ -59,7 +59,7 @@ def diff(before: str, after: str, keylogs: tuple[str, ...], fmt: str, output: st
         from netdiag.paths.profile import load_profile
 
         profile = load_profile(profile_path)
-    keylog = _load_keylogs(keylogs)
+    keylog = load_keylogs(keylogs)
     ports = frozenset({53, *dns_ports})
     doc_a = load_side(before, keylog, ports, profile)
     doc_b = load_side(after, keylog, ports, profile)

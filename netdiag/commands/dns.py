@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import click
 
+from netdiag.commands.common import print_result
 from netdiag.errors import NetdiagError
 from netdiag.report.units import ms_number
 
@@ -46,16 +45,7 @@ def dns(name: str, servers: tuple[str, ...], rdtype: str, tcp: bool, count: int,
     chosen = list(servers) or system_nameservers()
     result = run_dns_probe(name, servers=chosen, count=count, rdtype=rdtype, tcp=tcp,
                            timeout=timeout)
-    if fmt == "json":
-        json.dump(result.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from rich.console import Console
-
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 140))
-        render(result, console)
+    print_result(fmt, result, render)
     if result.answered == 0:
         total = sum(len(s.queries) for s in result.servers)
         timeouts = sum(s.timeouts for s in result.servers)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from typing import IO, Any
+from typing import IO
 
 import click
 
+from netdiag.commands.common import load_keylogs
 from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
@@ -55,7 +55,7 @@ def paths(captures: tuple[str, ...], profile_path: str | None, keylogs: tuple[st
     profile = load_profile(profile_path) if profile_path else None
     thresholds = Thresholds(stall_ms=stall_ms, reuse_min=reuse_min)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=_load_keylogs(keylogs))
+                      keylog=load_keylogs(keylogs))
     sink = CollectingSink()
     result = analyze(list(captures), sink, options)
     doc = sink.document(result)
@@ -97,18 +97,3 @@ def paths(captures: tuple[str, ...], profile_path: str | None, keylogs: tuple[st
             err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)
-
-
-def _load_keylogs(paths: tuple[str, ...]) -> Any:
-    """The key logs named, or $SSLKEYLOGFILE's, merged; None when there is none."""
-    from netdiag.tls.keylog import KeyLog
-
-    if not paths:
-        env = os.environ.get("SSLKEYLOGFILE")
-        if not env or not os.path.exists(env):
-            return None
-        paths = (env,)
-    merged = KeyLog()
-    for p in paths:
-        merged.merge(KeyLog.from_file(p))
-    return merged

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import click
 
+from netdiag.commands.common import print_result
 from netdiag.errors import NetdiagError
 from netdiag.report.units import ms_number
 
@@ -85,16 +84,7 @@ def probe(url: str, count: int, reuse: bool, http1: bool, method: str,
                             keylog=keylog, dns_server=dns_server, connect_to=connect_to,
                             timeout=timeout, insecure=insecure, cafile=cacert,
                             headers=parsed)
-    if fmt == "json":
-        json.dump(result.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from rich.console import Console
-
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 140))
-        render(result, console)
+    print_result(fmt, result, render)
     if result.succeeded == 0:
         reasons = result.summary()["errors"]
         top = max(reasons, key=reasons.get) if reasons else "no response"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import IO, Any
 
 import click
 
+from netdiag.commands.common import keylog_paths, load_keylogs
 from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
@@ -79,7 +79,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=_load_keylogs(keylogs))
+                      keylog=load_keylogs(keylogs))
     to_file = bool(output) and fmt != "csv"
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)
@@ -99,25 +99,6 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                                 "connection(s) embedded", highlight=False)
     if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)
-
-
-def _load_keylogs(paths: tuple[str, ...]) -> Any:
-    """The key logs named, or $SSLKEYLOGFILE's, merged; None when there is none."""
-    from netdiag.tls.keylog import KeyLog
-
-    if not paths:
-        env = os.environ.get("SSLKEYLOGFILE")
-        if not env:
-            return None
-        if not os.path.exists(env):
-            stderr_console().print(f"[yellow]warning:[/] SSLKEYLOGFILE names {env}, which "
-                                    "does not exist; reporting without keys", highlight=False)
-            return None
-        paths = (env,)
-    merged = KeyLog()
-    for p in paths:
-        merged.merge(KeyLog.from_file(p))
-    return merged
 
 
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
@@ -166,9 +147,7 @@ def _run_tshark(captures: list[str], fmt: str, options: Any, out: IO[str], profi
     """The same report from tshark's dissection (``--engine tshark``)."""
     from netdiag.engines.tshark import tshark_analysis
 
-    paths = list(keylogs)
-    if not paths and options.keylog is not None and os.environ.get("SSLKEYLOGFILE"):
-        paths = [os.environ["SSLKEYLOGFILE"]]
+    paths = keylog_paths(keylogs) if options.keylog is not None else []
     a = tshark_analysis(captures, paths or None, dns_ports=options.dns_ports,
                         thresholds=options.thresholds)
     if fmt == "jsonl":

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import IO
 
 import click
-
-from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
 EXIT_DIFFER = 5
@@ -51,17 +48,10 @@ def verify(capture: str, keylogs: tuple[str, ...], tolerance_ms: float, fmt: str
     the capture); 3 the capture is damaged or truncated and the figures before the
     damage agree.
     """
+    from netdiag.commands.common import keylog_paths
     from netdiag.engines.verify import render_text, verify_capture
 
-    paths = list(keylogs)
-    if not paths and os.environ.get("SSLKEYLOGFILE"):
-        env = os.environ["SSLKEYLOGFILE"]
-        if os.path.exists(env):
-            paths = [env]
-        else:
-            stderr_console().print(f"[yellow]warning:[/] SSLKEYLOGFILE names {env}, which "
-                                    "does not exist; verifying without keys",
-                                    highlight=False)
+    paths = keylog_paths(keylogs, "verifying")
     result = verify_capture(capture, paths, tolerance_ms=tolerance_ms,
                             dns_ports=frozenset({53, *dns_ports}),
                             extra_args=list(tshark_options))
