@@ -14,6 +14,17 @@ from typing import Any, Protocol
 
 from netdiag.records import Request
 
+
+def add_warning(warnings: list[str], message: str, limit: int, dropped: str) -> None:
+    """Append ``message`` while ``warnings`` holds fewer than ``limit``; once full, one
+    last line (``dropped``) says that the rest were dropped."""
+    n = len(warnings)
+    if n < limit:
+        warnings.append(message)
+    elif n == limit:
+        warnings.append(dropped)
+
+
 CLIENT = 0
 """Direction: client to server."""
 SERVER = 1

@@ -45,6 +45,7 @@ import re
 from collections import deque
 from typing import Any
 
+from netdiag.protocols.base import add_warning
 from netdiag.protocols.sse import SseCounter, is_event_stream
 from netdiag.records import Request
 
@@ -737,11 +738,8 @@ class Http1Analyzer:
             side.held = []
 
     def _warn(self, message: str) -> None:
-        n = len(self._warnings)
-        if n < MAX_WARNINGS:
-            self._warnings.append(message)
-        elif n == MAX_WARNINGS:
-            self._warnings.append("further HTTP/1.x warnings on this connection were dropped")
+        add_warning(self._warnings, message, MAX_WARNINGS,
+                    "further HTTP/1.x warnings on this connection were dropped")
 
 
 def _label(req: Request) -> str:

@@ -111,6 +111,7 @@ from typing import Any
 from hpack import Decoder
 from hyperframe.frame import Frame
 
+from netdiag.protocols.base import add_warning
 from netdiag.protocols.sse import SseCounter, is_event_stream
 from netdiag.records import Request, ns_to_ts
 
@@ -382,10 +383,8 @@ class Http2Analyzer:
     # -- framing -----------------------------------------------------------------------
 
     def _warn(self, message: str) -> None:
-        if len(self._warnings) < MAX_WARNINGS:
-            self._warnings.append(message)
-        elif len(self._warnings) == MAX_WARNINGS:
-            self._warnings.append("http2: further warnings on this connection dropped")
+        add_warning(self._warnings, message, MAX_WARNINGS,
+                    "http2: further warnings on this connection dropped")
 
     def _stop(self, d: _Dir, direction: int, message: str) -> None:
         self._warn(message)

@@ -64,6 +64,7 @@ import re
 from collections import deque
 from typing import Any
 
+from netdiag.protocols.base import add_warning
 from netdiag.records import Request
 
 MAX_LINE = 64 * 1024
@@ -749,11 +750,8 @@ class RespAnalyzer:
         side.active = False
 
     def _warn(self, message: str) -> None:
-        n = len(self._warnings)
-        if n < MAX_WARNINGS:
-            self._warnings.append(message)
-        elif n == MAX_WARNINGS:
-            self._warnings.append("further RESP warnings on this connection were dropped")
+        add_warning(self._warnings, message, MAX_WARNINGS,
+                    "further RESP warnings on this connection were dropped")
 
 
 def _first_key(name: bytes | None, args: list[bytes | None]) -> bytes | None:

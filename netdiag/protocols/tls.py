@@ -47,6 +47,7 @@ direction.
 
 from __future__ import annotations
 
+from netdiag.protocols.base import add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
 from netdiag.protocols.tls_names import (
     alert_description,
@@ -366,10 +367,8 @@ class TlsAnalyzer:
         side.hs_buf = bytearray()
 
     def _warn(self, message: str) -> None:
-        if len(self.warnings) < MAX_WARNINGS:
-            self.warnings.append(message)
-        elif len(self.warnings) == MAX_WARNINGS:
-            self.warnings.append("tls: further warnings on this connection dropped")
+        add_warning(self.warnings, message, MAX_WARNINGS,
+                    "tls: further warnings on this connection dropped")
 
     def _complete(self, side: _Side, direction: int, last_ts: int) -> None:
         """The current record of ``side`` is complete."""
