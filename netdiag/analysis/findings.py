@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from netdiag.analysis.stats import quantile
 from netdiag.analysis.summary import SummaryBuilder
@@ -41,8 +42,13 @@ def _ms(x: float) -> str:
     return f"{x:.1f} ms" if x < 1000 else f"{x / 1000:.2f} s"
 
 
-def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
-                   warnings: int = 0) -> list[Finding]:
+def _over(top: Any, limit: float) -> list[tuple[float, str]]:
+    """The ``(value, label)`` pairs a summary's top-k list holds above ``limit``, worst first."""
+    return [(v, lab) for v, lab in top.items() if v > limit]
+
+
+def build_findings(s: SummaryBuilder, t: Thresholds,
+                   truncated: bool = False) -> list[Finding]:
     """Every finding the summary supports, most severe first."""
     out: list[Finding] = []
     if truncated:
@@ -50,7 +56,7 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             "critical", "capture-truncated", "The capture is damaged or cut short",
             "Everything before the damage is reported; see capture.warnings for where it "
             "stopped. Figures near the end may be incomplete.", []))
-    slow_dns = [(v, lab) for v, lab in s.dns_slowest.items() if v > t.dns_slow_ms]
+    slow_dns = _over(s.dns_slowest, t.dns_slow_ms)
     if slow_dns:
         n = sum(1 for v in s.dns_latency if v > t.dns_slow_ms)
         out.append(Finding(
@@ -72,7 +78,7 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             "Responses with SERVFAIL, REFUSED or similar rcodes: " +
             ", ".join(f"{k} {v}" for k, v in s.dns_rcodes.items() if k not in ("NOERROR",)),
             s.dns_failed_examples))
-    slow_rtt = [(v, lab) for v, lab in s.tcp_slowest_rtt.items() if v > t.rtt_slow_ms]
+    slow_rtt = _over(s.tcp_slowest_rtt, t.rtt_slow_ms)
     if slow_rtt:
         out.append(Finding(
             "warning", "slow-tcp-handshake",
@@ -80,7 +86,7 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             "The network round trip itself is slow on these connections (SYN to the "
             "handshake's final ACK); every request on them pays it again.",
             [lab for _v, lab in slow_rtt]))
-    slow_tls = [(v, lab) for v, lab in s.tls_slowest.items() if v > t.tls_slow_ms]
+    slow_tls = _over(s.tls_slowest, t.tls_slow_ms)
     if slow_tls:
         n = sum(1 for v in s.tls_ms if v > t.tls_slow_ms)
         out.append(Finding(
@@ -105,7 +111,7 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             f"{s.http_connections} connections), below {_pct(t.reuse_min)}: each new "
             "connection pays a TCP and TLS handshake before its request.",
             s.http_single_request_conns[:20]))
-    slow_ttfb = [(v, lab) for v, lab in s.http_slowest_ttfb.items() if v > t.ttfb_slow_ms]
+    slow_ttfb = _over(s.http_slowest_ttfb, t.ttfb_slow_ms)
     if slow_ttfb:
         out.append(Finding(
             "warning", "slow-ttfb",
@@ -113,7 +119,7 @@ def build_findings(s: SummaryBuilder, t: Thresholds, truncated: bool = False,
             f"(threshold {_ms(t.ttfb_slow_ms)})",
             "The server (or a layer in front of it) took long to start answering.",
             [lab for _v, lab in slow_ttfb]))
-    stalls = [(v, lab) for v, lab in s.stream_stalls.items() if v > t.stall_ms]
+    stalls = _over(s.stream_stalls, t.stall_ms)
     if stalls:
         n = sum(1 for v in s.stream_gaps if v > t.stall_ms)
         out.append(Finding(
