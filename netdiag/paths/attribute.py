@@ -44,7 +44,8 @@ def attribute(connections: list[Connection], profile: Profile | None) -> Chains:
             if m is not None:
                 c.path = m.to_path()
                 trusted.append(c.id)
-    chains = link_requests(connections, trusted)
+    hop_order = {p.name: list(p.hops) for p in profile.paths} if profile is not None else {}
+    chains = link_requests(connections, trusted, hop_order)
     _infer(connections, chains, profile)
     return chains
 
@@ -112,10 +113,13 @@ def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], chains: 
     shown = ", ".join(pconns[:5]) + (f" and {len(pconns) - 5} more" if len(pconns) > 5 else "")
     links = {n.link for n in nodes if n.parent is not None}
     how = ("the same request id" if links == {"request-id"} else
-           "time containment and the same request id" if links == {"address+request-id"}
-           else "time containment")
+           "time containment" + (" and the same request id" if "request-id" in links else ""))
+    if "ambiguous" in links:
+        how += " (some ambiguous: concurrent candidates were equally good)"
+    if any(n.from_parent_address for n in nodes if n.parent is not None):
+        how += f"; sent from {split_endpoint(pconn.server)[0]}, where {pconn.server} listens"
     ev = [*note,
-          f"{linked} of {len(nodes)} requests on it were sent by {sender} while it served "
+          f"{linked} of {len(nodes)} requests on it were sent from {sender} while it served "
           f"requests of {shown} ({name}, {phop}); linked by {how}"]
     pev = chains.proxies.get(pconn.server)
     if pev is not None and pev.is_proxy:
@@ -141,10 +145,10 @@ def _infer_root(c: Connection, nodes: list[Node], chains: Chains, note: list[str
     hop = "store" if is_resp(c) or any(r.protocol == "resp" for r in c.requests) else "origin"
     ip = split_endpoint(c.server)[0]
     if pev is None:
-        why = (f"none of the requests to {c.server} were followed by upstream requests "
-               f"from {ip}")
+        why = (f"none of the requests to {c.server} contained requests to another server "
+               f"from {ip} or in steady timing")
     else:
-        why = (pev.sentence + " (fewer than 80% of at least 3 requests: not taken for a "
-               "proxy)")
+        why = (pev.sentence + " (not taken for a proxy: that needs 80% of at least 3 "
+               "requests, and from another address a steady timing)")
     c.path = _path(f"direct {c.server}", hop, [
         *note, f"no captured request caused the requests on it, and {why}"], True)

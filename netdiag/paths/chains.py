@@ -1,30 +1,49 @@
 """Hop chains: which upstream requests (and token-store commands) each request caused.
 
 Where a capture sees several hops (taken on a proxy host, or on loopback in the lab),
-a proxy's upstream request happens *inside* the request it serves. A request ``U`` on
-connection ``CU`` is a candidate child of request ``P`` on another connection ``CP``
-when:
+a proxy's upstream request happens *inside* the request it serves. Real proxies
+(nginx, Envoy, HAProxy, a CDN) connect upstream from the host's own address or a NAT
+pool, pool keep-alive connections that concurrent requests share, and forward no
+request id unless told to; so linking rests on time and on statistics over the whole
+capture, and addresses are evidence only.
 
-* **time containment**: ``P.ts < U.ts`` and ``U`` ends (last byte, else first byte,
-  else its start) no later than ``P``'s window ends (``P``'s last byte, else the end of
-  ``CP`` when ``P``'s answer never ended in the capture);
-* and **who sent it**: ``CU``'s client address is ``CP``'s server address (the proxy
-  itself sent ``U``), or both carry the same request id header (``x-request-id``,
-  ``x-correlation-id``, ``request-id``, or the trace id of ``traceparent``).
+**Groups and kinds.** Requests are grouped by hop: the profile's ``(path, hop)`` where a
+rule matched their connection, else their server endpoint. A child's *kind* is its
+group's hop, or without a profile its protocol class and server port (several origins
+behind one router are one kind): a proxy makes one call of each kind per request.
 
-Children are placed in time order. Among a child's candidates the best parent is the
-one with, in order: the same request id; the address relation (a request id is
-forwarded through every hop: the parent is the hop that sent ``U``); ``U`` starting
-before ``P``'s first byte (so
-it is part of ``P``'s wait); the same request path; no child of the same kind yet (the
-same profile hop, else the same protocol and server port: a proxy makes one call of
-each kind per request); and the earliest start (a proxy forwards in arrival order).
+**Candidates.** A request ``U`` is a candidate child of ``P`` (another group, not a
+Redis command) when ``P.ts <= U.ts`` and ``U`` ends (last byte, else first byte, else
+start) no later than ``P``'s window (``P``'s last byte, else its connection's end),
+and, with a profile, ``P``'s hop comes before ``U``'s in the declared hop order of the
+same path (hops of two different paths are never linked). Equal request ids
+(``x-request-id``, ``x-correlation-id``, ``request-id``, the trace id of
+``traceparent``) link at once; different ones never do.
 
-An address-only link is accepted only when the parent's server is a *proxy*: at least
-:data:`PROXY_MIN_SHARE` of at least :data:`PROXY_MIN_REQUESTS` of its requests contain
-upstream requests from its address (``trusted`` connections, matched by a profile, need
-no such consistency). That keeps a host that is both a server and, for unrelated
-reasons, a client from being taken for a proxy.
+**Assignment.** Per parent group and child kind, children are assigned to parents as a
+matching over the whole capture, each parent taking at most one child of the kind
+(then, for children left over, a second call of the same kind): edges are taken in
+order of cost, cheapest first. The cost of an edge is how far its timing strays from
+what that pair of hops does typically (the start offset ``U.ts - P.ts`` of a call made
+on arrival, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is
+relayed: whichever is steadier for the pair), plus penalties for a different method,
+path or body size, and for a call after ``P``'s first byte; sending from the parent's
+server address lowers it a little. The typical offsets come from a first matching by
+adjacency. A child linked through several nested hops (an origin request lies inside
+both the router's and the edge's request) takes the innermost.
+
+**Without a profile** a pair of groups is linked only when the statistics say the
+parent is a proxy: at least :data:`PROXY_MIN_REQUESTS` matched pairs, and either most
+of them sent from the parent server's address or (with at least
+:data:`COUPLED_MIN_PAIRS`) a steady offset, its spread at most :data:`COUPLING_MAX` of
+the slack the parent left; and at least :data:`PROXY_MIN_SHARE` of the parent's
+requests contain such a child. A profile's declared hop order needs no statistics.
+
+**Link kinds** (``Node.link``): ``request-id``; ``unique`` (the only candidate by
+containment); ``matched`` (the assignment chose among concurrent candidates);
+``ambiguous`` (giving the child to another candidate, or swapping it with another
+parent's child, costs less than :data:`AMBIGUITY_MS` more). Statements per hop use
+chains without ambiguous links only.
 
 Each request's chain lists the hops it went through (depth first, callees in order of
 start) with the time spent at each: ``wait`` is the hop's time to first byte;
@@ -40,9 +59,9 @@ to first byte exactly.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,12 +69,31 @@ from netdiag.paths.profile import split_endpoint
 from netdiag.records import Connection, Request
 
 PROXY_MIN_SHARE = 0.8
-"""Share of a server's requests that must contain upstream requests from its address
-for it to be inferred to be a proxy."""
+"""Share of a server's requests that must contain an upstream request for it to be
+inferred to be a proxy."""
 PROXY_MIN_REQUESTS = 3
-"""Fewest requests a server must have served for it to be inferred to be a proxy."""
+"""Fewest matched pairs (and requests of the server) for a proxy to be inferred."""
+COUPLED_MIN_PAIRS = 5
+"""Fewest matched pairs for a proxy to be inferred from timing alone (no address
+relation)."""
+COUPLING_MAX = 0.25
+"""Largest spread (interquartile range) of a pair's steadier offset, as a share of the
+median slack the parent leaves around the child, for timing alone to infer a proxy."""
+AMBIGUITY_MS = 0.1
+"""An alternative assignment within this cost (milliseconds of timing) of the chosen
+one leaves the link ``ambiguous``."""
+MAX_CANDIDATES = 256
+"""Candidate parents kept per child and parent group (the latest-starting ones): the
+time to link stays linear in requests whatever the concurrency."""
 REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "request-id")
 """Request headers whose equal values tie an upstream request to its cause."""
+
+_LATE_PENALTY_MS = 1000.0
+_METHOD_PENALTY_MS = 50.0
+_PATH_PENALTY_MS = 20.0
+_SIZE_PENALTY_MS = 5.0
+_ADDRESS_BONUS_MS = 0.5
+_RID_COST = -1e9
 
 
 def _ms(ns: int | None) -> float | None:
@@ -94,9 +132,15 @@ class Node:
     parent: Node | None = None
     children: list[Node] = field(default_factory=list)
     link: str | None = None
-    """Why it is linked to its parent: ``address`` (sent from the parent's server
-    address, inside its time), ``request-id`` (same request id, inside its time) or
-    ``address+request-id``."""
+    """How it was tied to its parent (the contract's ``link``): ``request-id`` (an equal
+    id header), ``unique`` (the only candidate by containment), ``matched`` (chosen by
+    the assignment over concurrent candidates) or ``ambiguous`` (another candidate was
+    as good)."""
+    candidates: int = 0
+    """Requests of the parent's hop that could have caused it (containment)."""
+    from_parent_address: bool = False
+    """Its connection was opened from the address the parent's server listens on
+    (evidence, not a requirement)."""
     opened: bool = False
     """Its connection was opened while the parent waited, for this request: the TCP
     and TLS handshakes count as this hop's setup time."""
@@ -230,7 +274,8 @@ class Step:
             "hop": self.hop, "path": self.path, "server": n.conn.server,
             "connection": n.conn.id, "request": n.index, "depth": self.depth,
             "what": self.what, "wait_ms": _ms(n.wait_ns), "setup_ms": _ms(n.setup_ns),
-            "own_ms": _ms(self.own_ns), "in_ttfb": self.in_ttfb,
+            "own_ms": _ms(self.own_ns), "in_ttfb": self.in_ttfb, "link": n.link,
+            "candidates": n.candidates if n.parent is not None else None,
             "own_split_ms": None if self.parts_ns is None else {
                 "before_calls": _ms(self.parts_ns[0]), "between_calls": _ms(self.parts_ns[1]),
                 "after_calls": _ms(self.parts_ns[2])},
@@ -239,22 +284,31 @@ class Step:
 
 @dataclass(slots=True)
 class ProxyEvidence:
-    """How consistently a server's requests contained upstream requests from it."""
+    """How consistently a server's requests contained upstream requests."""
 
     server: str
     followed: int
+    """Requests to the server that contained at least one linked upstream request."""
     total: int
+    """Requests to the server."""
+    from_address: int = 0
+    """Of ``followed``, those whose upstream request came from the server's address."""
+    declared: bool = False
+    """A profile's hop order made the links (no statistics needed)."""
+    linked: bool = True
+    """Its requests were linked to upstream requests (taken for a proxy)."""
 
     @property
     def is_proxy(self) -> bool:
-        return (self.total >= PROXY_MIN_REQUESTS
-                and self.followed >= PROXY_MIN_SHARE * self.total)
+        return self.linked
 
     @property
     def sentence(self) -> str:
         ip, _ = split_endpoint(self.server)
-        return (f"{self.followed} of {self.total} requests to {self.server} were followed "
-                f"by upstream requests from {ip}")
+        how = (f"sent from {ip}" if self.from_address * 2 > self.followed else
+               "sent from other addresses, linked by timing")
+        return (f"{self.followed} of {self.total} requests to {self.server} contained "
+                f"upstream requests ({how})")
 
 
 @dataclass
@@ -263,7 +317,7 @@ class Chains:
 
     nodes: dict[tuple[str, int], Node]
     proxies: dict[str, ProxyEvidence]
-    """Per server endpoint that had address-related candidate children."""
+    """Per server endpoint whose requests caused others."""
 
     @property
     def roots(self) -> list[Node]:
@@ -290,6 +344,20 @@ class Chains:
         walk(root, 0, True)
         return out
 
+    def links(self, root: Node) -> list[str]:
+        """The ``link`` of every request below ``root`` in its chain."""
+        out: list[str] = []
+        stack = list(root.children)
+        while stack:
+            n = stack.pop()
+            out.append(n.link or "?")
+            stack.extend(n.children)
+        return out
+
+    def is_ambiguous(self, root: Node) -> bool:
+        """Some link of the chain had an equally good alternative."""
+        return "ambiguous" in self.links(root)
+
     def table(self) -> dict[tuple[str, int], list[Step]]:
         """Chains of every root request that caused at least one other request."""
         return {r.key: self.steps(r) for r in self.roots if r.children}
@@ -307,28 +375,395 @@ class Chains:
         return n
 
 
-@dataclass(slots=True)
-class _Cand:
-    parent: Node
-    address: bool
-    rid: int
-    """1 same request id, -1 both have one and they differ, 0 otherwise."""
-    before_fb: bool
-    same_path: bool
+# --- linking -----------------------------------------------------------------------
 
 
 def _host(ep: str) -> str:
     return split_endpoint(ep)[0]
 
 
-def _kind(n: Node) -> tuple[Any, ...]:
-    """What hop a request goes to: the profile's hop where a rule matched its
-    connection, else its protocol class and server port (several origins behind one
-    router are one kind)."""
-    p = n.conn.path
-    if p is not None and not p.get("inferred"):
-        return ("hop", p["name"], p["hop"])
-    return ("resp" if is_resp(n.conn, n.req) else "http", split_endpoint(n.conn.server)[1])
+@dataclass(slots=True)
+class _Edge:
+    """A candidate link: ``child`` inside ``parent``."""
+
+    parent: Node
+    child: Node
+    pgroup: tuple[Any, ...]
+    cgroup: tuple[Any, ...]
+    kind: tuple[Any, ...]
+    rid: bool
+    declared: bool
+    address: bool
+    base: float
+    """Penalties that do not depend on timing (ms)."""
+    so: float
+    """Start offset: child start minus parent start (ms)."""
+    eo: float | None
+    """End offset: parent first byte minus child first byte (ms)."""
+    slack: float | None
+    """Parent wait minus child wait (ms)."""
+    cost: float = 0.0
+
+
+@dataclass(slots=True)
+class _PairStats:
+    """Timing of the matched pairs of one (parent group, child group)."""
+
+    n: int
+    med_so: float
+    iqr_so: float
+    med_eo: float | None
+    iqr_eo: float | None
+    med_slack: float | None
+    address_share: float
+
+    @property
+    def anchor_is_end(self) -> bool:
+        return self.iqr_eo is not None and self.iqr_eo < self.iqr_so
+
+    @property
+    def coupling(self) -> float:
+        spread = self.iqr_eo if self.anchor_is_end and self.iqr_eo is not None else self.iqr_so
+        return spread / max(self.med_slack or 0.0, 0.001)
+
+
+def _quantile(sorted_vals: Sequence[float], q: float) -> float:
+    from netdiag.analysis.stats import quantile
+
+    return quantile(list(sorted_vals), q)
+
+
+def _stats(edges: Sequence[_Edge]) -> _PairStats:
+    so = sorted(e.so for e in edges)
+    eo = sorted(e.eo for e in edges if e.eo is not None)
+    sl = sorted(e.slack for e in edges if e.slack is not None)
+    return _PairStats(
+        len(edges), _quantile(so, 0.5), _quantile(so, 0.75) - _quantile(so, 0.25),
+        _quantile(eo, 0.5) if eo else None,
+        (_quantile(eo, 0.75) - _quantile(eo, 0.25)) if eo else None,
+        _quantile(sl, 0.5) if sl else None,
+        sum(1 for e in edges if e.address) / len(edges))
+
+
+def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
+    if e.rid:
+        return _RID_COST
+    if st is None:  # no typical timing for the pair (it had no match in FIFO order)
+        return e.base + min(e.so, e.eo if e.eo is not None and e.eo >= 0 else e.so)
+    dso = abs(e.so - st.med_so)
+    deo = abs(e.eo - st.med_eo) if e.eo is not None and st.med_eo is not None else None
+    if st.anchor_is_end and deo is not None:
+        return e.base + deo + 0.05 * dso
+    return e.base + dso + (0.05 * deo if deo is not None else 0.0)
+
+
+def _anchor_ns(n: Node, end: bool) -> int:
+    """The time a pair's steadier offset is measured from: the request's first byte
+    (a relayed answer) or its start (a call made on arrival)."""
+    if end and n.req.first_byte_ns is not None:
+        return n.req.first_byte_ns
+    return n.req.ts_ns
+
+
+def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
+                 ends: Mapping[tuple[Any, Any], bool]) -> None:
+    """Among assignments within :data:`AMBIGUITY_MS` of each other, keep the one that
+    preserves order (a proxy forwards, and relays answers, first come first served):
+    swap the children of neighbouring parents whose children are out of order when the
+    swap costs no more than that."""
+    by_pair = {(id(e.parent), id(e.child)): e for e in edges}
+    chosen = sorted(taken.values(), key=lambda e: _anchor_ns(
+        e.parent, ends.get((e.pgroup, e.cgroup), False)))
+    for _ in range(8):
+        changed = False
+        for i in range(len(chosen) - 1):
+            a, b = chosen[i], chosen[i + 1]
+            if a.rid or b.rid:
+                continue
+            end = ends.get((a.pgroup, a.cgroup), False)
+            if _anchor_ns(a.child, end) <= _anchor_ns(b.child, end):
+                continue
+            x = by_pair.get((id(a.parent), id(b.child)))
+            y = by_pair.get((id(b.parent), id(a.child)))
+            if x is None or y is None or x.cost + y.cost - a.cost - b.cost > AMBIGUITY_MS:
+                continue
+            chosen[i], chosen[i + 1] = x, y
+            taken[id(x.child)], taken[id(y.child)] = x, y
+            changed = True
+        if not changed:
+            break
+
+
+def _assign(edges: list[_Edge], second: bool,
+            ends: Mapping[tuple[Any, Any], bool] | None = None) -> dict[int, _Edge]:
+    """Cheapest edges first; each parent takes one child of the kind (``second``: then a
+    second one for children left over). Returns child node id -> edge."""
+    edges.sort(key=lambda e: (e.cost, e.child.req.ts_ns, e.parent.req.ts_ns))
+    taken: dict[int, _Edge] = {}
+    used: set[int] = set()
+    for e in edges:
+        c, p = id(e.child), id(e.parent)
+        if c in taken or p in used:
+            continue
+        taken[c] = e
+        used.add(p)
+    _fifo_repair(taken, edges, ends or {})
+    if second:
+        extra: set[int] = set()
+        for e in edges:
+            c, p = id(e.child), id(e.parent)
+            if c in taken or p in extra:
+                continue
+            taken[c] = e
+            extra.add(p)
+    return taken
+
+
+def _assign_fifo(edges: list[_Edge]) -> dict[int, _Edge]:
+    """First estimate: a proxy forwards in arrival order, so each child (in time order)
+    takes the earliest free parent that contains it (an equal request id first)."""
+    edges.sort(key=lambda e: (e.child.req.ts_ns, id(e.child), not e.rid, e.parent.req.ts_ns,
+                              e.base))
+    taken: dict[int, _Edge] = {}
+    used: set[int] = set()
+    for e in edges:
+        c, p = id(e.child), id(e.parent)
+        if c in taken or p in used or e.base >= _LATE_PENALTY_MS:
+            continue
+        taken[c] = e
+        used.add(p)
+    return taken
+
+
+def _matching(edges: list[_Edge], stats: Mapping[tuple[Any, Any], _PairStats] | None,
+              second: bool = False) -> dict[tuple[Any, Any], dict[int, _Edge]]:
+    """One assignment per (parent group, child kind); without ``stats``, in FIFO order."""
+    by_gk: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
+    for e in edges:
+        if stats is not None:
+            e.cost = _timing_cost(e, stats.get((e.pgroup, e.cgroup)))
+        by_gk[(e.pgroup, e.kind)].append(e)
+    if stats is None:
+        return {gk: _assign_fifo(lst) for gk, lst in by_gk.items()}
+    ends = {k: st.anchor_is_end for k, st in stats.items()}
+    return {gk: _assign(lst, second, ends) for gk, lst in by_gk.items()}
+
+
+def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
+                ) -> dict[tuple[Any, Any], _PairStats]:
+    by_pair: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
+    for m in matchings.values():
+        for e in m.values():
+            if not e.rid:
+                by_pair[(e.pgroup, e.cgroup)].append(e)
+    return {k: _stats(v) for k, v in by_pair.items()}
+
+
+class _Linker:
+    """Builds the candidate graph and runs the assignment (see the module docstring)."""
+
+    def __init__(self, nodes: list[Node], trusted: set[str],
+                 hop_order: Mapping[str, Sequence[str]]) -> None:
+        self.nodes = nodes
+        self.trusted = trusted
+        self.hop_order = {k: list(v) for k, v in hop_order.items()}
+        self.group: dict[int, tuple[Any, ...]] = {}
+        self.kind: dict[int, tuple[Any, ...]] = {}
+        self.rid: dict[int, str | None] = {}
+        self.considered: set[tuple[Any, Any]] = set()
+        """Pairs of groups that passed the pair tests (before the proxy share test)."""
+        for n in nodes:
+            self.group[id(n)] = self._group_of(n)
+            self.kind[id(n)] = self._kind_of(n)
+            self.rid[id(n)] = request_id(n.req)
+
+    @staticmethod
+    def _group_of(n: Node) -> tuple[Any, ...]:
+        p = n.conn.path
+        if p is not None and not p.get("inferred"):
+            return ("hop", p["name"], p["hop"])
+        return ("server", n.conn.server)
+
+    @staticmethod
+    def _kind_of(n: Node) -> tuple[Any, ...]:
+        p = n.conn.path
+        if p is not None and not p.get("inferred"):
+            return ("hop", p["name"], p["hop"])
+        return ("resp" if is_resp(n.conn, n.req) else "http", split_endpoint(n.conn.server)[1])
+
+    def _allowed(self, pg: tuple[Any, ...], cg: tuple[Any, ...]) -> tuple[bool, bool]:
+        """(may link, declared by the profile's hop order)."""
+        if pg == cg:
+            return False, False
+        if pg[0] == "hop" and cg[0] == "hop":
+            if pg[1] != cg[1]:
+                return False, False
+            order = self.hop_order.get(pg[1], [])
+            if pg[2] in order and cg[2] in order:
+                ok = order.index(pg[2]) < order.index(cg[2])
+                return ok, ok
+            return True, False
+        return True, False
+
+    def candidates(self) -> list[_Edge]:
+        groups: dict[tuple[Any, ...], list[Node]] = defaultdict(list)
+        for n in self.nodes:
+            if not is_resp(n.conn, n.req):
+                groups[self.group[id(n)]].append(n)
+        index: dict[tuple[Any, ...], tuple[list[Node], list[int], int]] = {}
+        for g, lst in groups.items():
+            lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
+            index[g] = (lst, [n.req.ts_ns for n in lst],
+                        max(n.window_end_ns - n.req.ts_ns for n in lst))
+        by_rid: dict[str, list[Node]] = defaultdict(list)
+        for n in self.nodes:
+            r = self.rid[id(n)]
+            if r is not None and not is_resp(n.conn, n.req):
+                by_rid[r].append(n)
+        edges: list[_Edge] = []
+        for u in self.nodes:
+            cg = self.group[id(u)]
+            urid = self.rid[id(u)]
+            seen: set[int] = set()
+            for pg, (lst, starts, longest) in index.items():
+                ok, declared = self._allowed(pg, cg)
+                if not ok:
+                    continue
+                lo = bisect_left(starts, u.end_ns - longest)
+                hi = bisect_right(starts, u.req.ts_ns)
+                kept = 0
+                for k in range(hi - 1, lo - 1, -1):
+                    p = lst[k]
+                    if not self._contains(p, u):
+                        continue
+                    e = self._edge(p, u, pg, cg, declared, urid)
+                    if e is None:
+                        continue
+                    edges.append(e)
+                    seen.add(id(p))
+                    kept += 1
+                    if kept >= MAX_CANDIDATES:
+                        break
+            if urid is not None:  # the same id, however far back its request began
+                for p in by_rid.get(urid, ()):
+                    pg = self.group[id(p)]
+                    ok, declared = self._allowed(pg, cg)
+                    if id(p) in seen or not ok or not self._contains(p, u):
+                        continue
+                    e = self._edge(p, u, pg, cg, declared, urid)
+                    if e is not None:
+                        edges.append(e)
+        return edges
+
+    @staticmethod
+    def _contains(p: Node, u: Node) -> bool:
+        return (p.conn is not u.conn and p.conn.server != u.conn.server
+                and p.req.ts_ns <= u.req.ts_ns and u.end_ns <= p.window_end_ns)
+
+    def _edge(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
+              declared: bool, urid: str | None) -> _Edge | None:
+        prid = self.rid[id(p)]
+        rid = urid is not None and prid is not None
+        if rid and urid != prid:
+            return None  # both carry an id, and they differ
+        pr, ur = p.req, u.req
+        base = 0.0
+        if pr.first_byte_ns is not None and ur.ts_ns >= pr.first_byte_ns:
+            base += _LATE_PENALTY_MS
+        if not is_resp(u.conn, ur):
+            if pr.method and ur.method and pr.method != ur.method:
+                base += _METHOD_PENALTY_MS
+            if pr.path and ur.path and pr.path != ur.path:
+                base += _PATH_PENALTY_MS
+            if (pr.request_bytes is not None and ur.request_bytes is not None
+                    and pr.request_bytes != ur.request_bytes):
+                base += _SIZE_PENALTY_MS
+            if (pr.response_bytes is not None and ur.response_bytes is not None
+                    and not pr.sse_events and pr.response_bytes != ur.response_bytes):
+                base += _SIZE_PENALTY_MS
+        address = _host(u.conn.client) == _host(p.conn.server)
+        if address:
+            base -= _ADDRESS_BONUS_MS
+        so = (ur.ts_ns - pr.ts_ns) / 1e6
+        eo = slack = None
+        if pr.first_byte_ns is not None and ur.first_byte_ns is not None:
+            eo = (pr.first_byte_ns - ur.first_byte_ns) / 1e6
+            slack = ((pr.first_byte_ns - pr.ts_ns) - (ur.first_byte_ns - ur.ts_ns)) / 1e6
+        return _Edge(p, u, pg, self.group[id(u)], self.kind[id(u)], rid, declared
+                     or p.conn.id in self.trusted, address, base, so, eo, slack)
+
+    def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
+                       matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
+                       edges: Sequence[_Edge]) -> set[tuple[Any, Any]]:
+        """Pairs of groups whose links stand: declared by the profile, or a proxy by the
+        statistics (module docstring)."""
+        declared = {(e.pgroup, e.cgroup) for e in edges if e.declared}
+        sizes: dict[tuple[Any, ...], int] = defaultdict(int)
+        for n in self.nodes:
+            sizes[self.group[id(n)]] += 1
+        inferred: set[tuple[Any, Any]] = set()
+        for pair, st in stats.items():
+            if pair in declared or st.n < PROXY_MIN_REQUESTS:
+                continue
+            # a server behind a proxy gets (nearly) all its requests through it
+            behind = st.n >= PROXY_MIN_SHARE * sizes[pair[1]]
+            if st.address_share >= PROXY_MIN_SHARE or (
+                    behind and st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX):
+                inferred.add(pair)
+        # the parent must be a proxy: most of its requests contain such a child
+        followed: dict[tuple[Any, ...], set[int]] = defaultdict(set)
+        for m in matchings.values():
+            for e in m.values():
+                if (e.pgroup, e.cgroup) in inferred:
+                    followed[e.pgroup].add(id(e.parent))
+        proxies = {g for g, s in followed.items()
+                   if sizes[g] >= PROXY_MIN_REQUESTS and len(s) >= PROXY_MIN_SHARE * sizes[g]}
+        self.considered = declared | inferred | {
+            p for p, st in stats.items() if st.address_share >= PROXY_MIN_SHARE}
+        return declared | {p for p in inferred if p[0] in proxies}
+
+
+def _innermost(options: list[_Edge]) -> _Edge:
+    """Of a child's links through nested hops, the one to the innermost parent."""
+    options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.req.ts_ns))
+    best = options[0]
+    changed = True
+    while changed:
+        changed = False
+        for e in options:
+            p, b = e.parent, best.parent
+            if p is not b and b.req.ts_ns <= p.req.ts_ns and p.window_end_ns <= b.window_end_ns \
+                    and (e.rid or not best.rid):
+                best, changed = e, True
+    return best
+
+
+def _label(e: _Edge, alts: Sequence[_Edge], by_pair: Mapping[tuple[int, int], _Edge],
+           child_of: Mapping[int, _Edge], end: bool, jitter_ns: int) -> tuple[str, int]:
+    """The contract's link kind of a chosen edge, and its candidate count. A swap with
+    another parent's child that costs as little but puts the two out of order is no
+    equal alternative (order is evidence), unless the two parents came closer together
+    than the pair's timing varies (``jitter_ns``, the spread of its steadier offset)."""
+    if e.rid:
+        return "request-id", len(alts)
+    if len(alts) <= 1:
+        return "unique", len(alts)
+    for a in alts:
+        if a is e or a.rid:
+            continue
+        other = child_of.get(id(a.parent))
+        if other is None:
+            if a.cost - e.cost < AMBIGUITY_MS:
+                return "ambiguous", len(alts)
+            continue
+        swap = by_pair.get((id(e.parent), id(other.child)))
+        if swap is None or swap.cost + a.cost - e.cost - other.cost >= AMBIGUITY_MS:
+            continue
+        dp = _anchor_ns(a.parent, end) - _anchor_ns(e.parent, end)
+        dc = _anchor_ns(other.child, end) - _anchor_ns(e.child, end)
+        if abs(dp) <= jitter_ns or dc == 0 or (dp > 0) != (dc > 0):
+            return "ambiguous", len(alts)
+    return "matched", len(alts)
 
 
 def _first_request_index(conn: Connection) -> int | None:
@@ -337,110 +772,98 @@ def _first_request_index(conn: Connection) -> int | None:
     return min(range(len(conn.requests)), key=lambda i: (conn.requests[i].ts_ns, i))
 
 
-def link_requests(connections: Iterable[Connection],
-                  trusted: Iterable[str] = ()) -> Chains:
+def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = (),
+                  hop_order: Mapping[str, Sequence[str]] | None = None) -> Chains:
     """Link every request to the request that caused it, where the capture shows one.
 
-    ``trusted``: ids of connections a profile matched; their servers need not pass the
-    proxy consistency test for address-only links to be accepted.
+    ``trusted``: ids of connections whose upstream links need no proxy statistics (a
+    profile matched them). ``hop_order``: per profile path, its hops client-facing
+    first; connections a profile matched carry ``conn.path`` (``inferred`` false).
     """
     conns = [c for c in connections if c.requests]
-    trusted_ids = set(trusted)
     nodes: dict[tuple[str, int], Node] = {}
-    by_server_ip: dict[str, list[Node]] = defaultdict(list)
-    by_rid: dict[str, list[Node]] = defaultdict(list)
     for c in conns:
         for i, r in enumerate(c.requests):
             n = Node(c, i, r)
             nodes[n.key] = n
-            by_server_ip[_host(c.server)].append(n)
-            rid = request_id(r)
-            if rid is not None:
-                by_rid[rid].append(n)
-    starts: dict[str, list[int]] = {}
-    longest: dict[str, int] = {}
-    for ip, lst in by_server_ip.items():
-        lst.sort(key=lambda n: n.req.ts_ns)
-        starts[ip] = [n.req.ts_ns for n in lst]
-        longest[ip] = max(n.window_end_ns - n.req.ts_ns for n in lst)
+    linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
+    edges = linker.candidates()
 
-    cands: dict[tuple[str, int], list[_Cand]] = {}
-    followed: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    for u in nodes.values():
-        uc = u.conn
-        pool: dict[tuple[str, int], Node] = {}
-        cip = _host(uc.client)
-        if cip in by_server_ip:
-            # only requests that started before u, and not so long before that even
-            # the longest window of that server would have ended before u ends
-            lst, ts = by_server_ip[cip], starts[cip]
-            lo = bisect_left(ts, u.end_ns - longest[cip])
-            hi = bisect_left(ts, u.req.ts_ns)
-            for p in lst[lo:hi]:
-                pool[p.key] = p
-        urid = request_id(u.req)
-        if urid is not None:
-            for p in by_rid.get(urid, ()):
-                pool.setdefault(p.key, p)
-        found: list[_Cand] = []
-        for p in pool.values():
-            if p.conn is uc or p.conn.server == uc.server:
-                continue
-            if not (p.req.ts_ns < u.req.ts_ns and u.end_ns <= p.window_end_ns):
-                continue
-            address = _host(uc.client) == _host(p.conn.server)
-            prid = request_id(p.req)
-            rid = 0 if urid is None or prid is None else (1 if urid == prid else -1)
-            if not address and rid != 1:
-                continue
-            pfb = p.req.first_byte_ns
-            before = pfb is None or u.req.ts_ns < pfb
-            same_path = (u.req.path is not None and u.req.path == p.req.path
-                         and not is_resp(uc, u.req))
-            found.append(_Cand(p, address, rid, before, same_path))
-            if address:
-                followed[p.conn.server].add(p.key)
-        if found:
-            cands[u.key] = found
+    first = _matching(edges, None)
+    stats = _pair_stats(_matching(edges, _pair_stats(first)))
+    second = _matching(edges, stats)
+    stats = _pair_stats(second)
+    keep = linker.accepted_pairs(stats, second, edges)
+    final_edges = [e for e in edges if e.rid or (e.pgroup, e.cgroup) in keep]
+    final = _matching(final_edges, stats, second=True)
 
-    totals: dict[str, int] = defaultdict(int)
-    for n in nodes.values():
-        totals[n.conn.server] += 1
-    proxies = {s: ProxyEvidence(s, len(keys), totals[s]) for s, keys in followed.items()}
+    alternatives: dict[tuple[Any, Any, int], list[_Edge]] = defaultdict(list)
+    by_pair: dict[tuple[int, int], _Edge] = {}
+    for e in final_edges:
+        alternatives[(e.pgroup, e.kind, id(e.child))].append(e)
+        by_pair[(id(e.parent), id(e.child))] = e
+    options: dict[int, list[_Edge]] = defaultdict(list)
+    for m in final.values():
+        for e in m.values():
+            options[id(e.child)].append(e)
+    child_of_by_gk: dict[tuple[Any, Any], dict[int, _Edge]] = {
+        gk: {id(e.parent): e for e in m.values()} for gk, m in final.items()}
 
-    def accepted(c: _Cand) -> bool:
-        if c.rid == 1:
-            return True
-        if c.rid == -1:
-            return False
-        ev = proxies.get(c.parent.conn.server)
-        return c.parent.conn.id in trusted_ids or (ev is not None and ev.is_proxy)
-
-    # children in time order; a parent that already has a child of the same kind (the
-    # same hop) is a worse candidate than one that has none yet, and among equals the
-    # parent that came first wins (a proxy forwards in arrival order)
-    kinds: dict[tuple[str, int], set[tuple[Any, ...]]] = defaultdict(set)
-    for key in sorted(cands, key=lambda k: (nodes[k].req.ts_ns, k)):
-        ok = [c for c in cands[key] if accepted(c)]
-        if not ok:
-            continue
-        u = nodes[key]
-        kind = _kind(u)
-        best = max(ok, key=lambda c: (c.rid, c.address, c.before_fb, c.same_path,
-                                      kind not in kinds[c.parent.key],
-                                      -c.parent.req.ts_ns, c.parent.key))
-        kinds[best.parent.key].add(kind)
-        u.parent = best.parent
-        u.link = ("address+request-id" if best.rid == 1 and best.address else
-                  "request-id" if best.rid == 1 else "address")
-        best.parent.children.append(u)
+    for opts in options.values():
+        e = _innermost(opts)
+        u, p = e.child, e.parent
+        gk = (e.pgroup, e.kind)
+        st = stats.get((e.pgroup, e.cgroup))
+        end = st is not None and st.anchor_is_end
+        jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
+        u.link, u.candidates = _label(e, alternatives[(e.pgroup, e.kind, id(u))], by_pair,
+                                      child_of_by_gk[gk], end, round(jitter * 1e6))
+        u.parent = p
+        u.from_parent_address = e.address
+        p.children.append(u)
 
     for c in conns:
-        first = _first_request_index(c)
-        if first is None or c.syn_ns is None:
+        i = _first_request_index(c)
+        if i is None or c.syn_ns is None:
             continue
-        u = nodes[(c.id, first)]
+        u = nodes[(c.id, i)]
         p = u.parent
         if p is not None and p.req.ts_ns <= c.syn_ns <= u.req.ts_ns:
             u.opened = True
-    return Chains(nodes, proxies)
+
+    return Chains(nodes, _proxy_evidence(nodes, second, linker.considered))
+
+
+def _proxy_evidence(nodes: Mapping[tuple[str, int], Node],
+                    matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
+                    considered: set[tuple[Any, Any]]) -> dict[str, ProxyEvidence]:
+    """Per server: how many of its requests contained an upstream request, from the
+    links made, or for a server that was not taken for a proxy, from the assignment
+    of the pairs that passed the pair tests."""
+    totals: dict[str, int] = defaultdict(int)
+    for n in nodes.values():
+        totals[n.conn.server] += 1
+    followed: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    from_address: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    declared: set[str] = set()
+    accepted: set[str] = set()
+    for n in nodes.values():
+        if not n.children:
+            continue
+        s = n.conn.server
+        accepted.add(s)
+        followed[s].add(n.key)
+        if any(c.from_parent_address for c in n.children):
+            from_address[s].add(n.key)
+        if n.conn.path is not None and not n.conn.path.get("inferred"):
+            declared.add(s)
+    for m in matchings.values():
+        for e in m.values():
+            s = e.parent.conn.server
+            if s in accepted or (e.pgroup, e.cgroup) not in considered:
+                continue
+            followed[s].add(e.parent.key)
+            if e.address:
+                from_address[s].add(e.parent.key)
+    return {s: ProxyEvidence(s, len(k), totals[s], len(from_address[s]), s in declared,
+                             s in accepted) for s, k in followed.items()}

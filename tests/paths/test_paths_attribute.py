@@ -40,27 +40,28 @@ def test_without_profile_paths_are_inferred_with_evidence() -> None:
     edge, router, redis, origin = by["C1"], by["C2"], by["C3"], by["C4"]
     assert edge == {"name": "via 127.0.0.10:443", "hop": "edge", "inferred": True,
                     "evidence": [
-                        "4 of 4 requests to 127.0.0.10:443 were followed by upstream "
-                        "requests from 127.0.0.10",
+                        "4 of 4 requests to 127.0.0.10:443 contained upstream "
+                        "requests (sent from 127.0.0.10)",
                         "no captured request caused the requests on it: 127.0.0.10:443 is "
                         "the client-facing hop"]}
     assert router is not None and (router["name"], router["hop"]) == ("via 127.0.0.10:443",
                                                                       "proxy")
     assert router["evidence"] == [
-        "1 of 1 requests on it were sent by 127.0.0.10 while it served requests of C1 "
-        "(via 127.0.0.10:443, edge); linked by time containment",
-        "4 of 4 requests to 127.0.0.10:443 were followed by upstream requests from "
-        "127.0.0.10"]
+        "1 of 1 requests on it were sent from 127.0.0.10 while it served requests of C1 "
+        "(via 127.0.0.10:443, edge); linked by time containment; sent from 127.0.0.10, "
+        "where 127.0.0.10:443 listens",
+        "4 of 4 requests to 127.0.0.10:443 contained upstream requests (sent from "
+        "127.0.0.10)"]
     assert redis is not None and redis["hop"] == "store"
     assert origin is not None and origin["hop"] == "origin"
-    assert "4 of 4 requests to 127.0.0.11:8080 were followed by upstream requests from " \
-           "127.0.0.11" in origin["evidence"]
+    assert "4 of 4 requests to 127.0.0.11:8080 contained upstream requests (sent from " \
+           "127.0.0.11)" in origin["evidence"]
     dpf = by["C100"]
     assert dpf == {"name": "direct 127.0.0.31:443", "hop": "origin", "inferred": True,
                    "evidence": [
                        "no captured request caused the requests on it, and none of the "
-                       "requests to 127.0.0.31:443 were followed by upstream requests from "
-                       "127.0.0.31"]}
+                       "requests to 127.0.0.31:443 contained requests to another server "
+                       "from 127.0.0.31 or in steady timing"]}
 
 
 def test_too_few_requests_is_not_a_proxy_and_says_so() -> None:
@@ -68,8 +69,8 @@ def test_too_few_requests_is_not_a_proxy_and_says_so() -> None:
     attribute(conns, None)
     edge = conns[0].path
     assert edge is not None and edge["name"] == "direct 127.0.0.10:443"
-    assert "2 of 2 requests to 127.0.0.10:443 were followed by upstream requests from " \
-           "127.0.0.10 (fewer than 80% of at least 3 requests: not taken for a proxy)" \
+    assert "2 of 2 requests to 127.0.0.10:443 contained upstream requests (sent from " \
+           "127.0.0.10) (not taken for a proxy: that needs 80% of at least 3 requests" \
            in edge["evidence"][0]
     # upstream connections are then client-facing in their own right, never guessed
     assert conns[1].path is not None and conns[1].path["name"] == "direct 127.0.0.11:8080"
@@ -84,7 +85,7 @@ def test_unmatched_hop_under_a_profile_path_is_inferred() -> None:
     assert redis is not None
     assert (redis["name"], redis["hop"], redis["inferred"]) == ("ROC", "store", True)
     assert redis["evidence"][0] == "no rule of the profile matches"
-    assert redis["evidence"][1].startswith("1 of 1 requests on it were sent by 127.0.0.11 "
+    assert redis["evidence"][1].startswith("1 of 1 requests on it were sent from 127.0.0.11 "
                                            "while it served requests of C2 (ROC, router)")
 
 

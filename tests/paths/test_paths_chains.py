@@ -134,7 +134,7 @@ def test_a_request_id_forwarded_through_every_hop_links_to_the_sender() -> None:
     chains = link_requests([edge, router, origin])
     n3 = chains.node("C3", 0)
     assert n3 is not None and n3.parent is not None
-    assert n3.parent.conn.id == "C2" and n3.link == "address+request-id"
+    assert n3.parent.conn.id == "C2" and n3.link == "request-id" and n3.from_parent_address
     root = chains.node("C1", 0)
     assert root is not None
     assert [s.own_ns for s in chains.steps(root)] == [2 * MS, 18 * MS, 30 * MS]
@@ -175,7 +175,7 @@ def test_proxy_inference_needs_consistency() -> None:
         assert linked == (followed if proxy else 0), (n, followed)
     chains = link_requests(_proxy_capture(12, 12))
     assert chains.proxies["10.0.0.2:443"].sentence == (
-        "12 of 12 requests to 10.0.0.2:443 were followed by upstream requests from 10.0.0.2")
+        "12 of 12 requests to 10.0.0.2:443 contained upstream requests (sent from 10.0.0.2)")
 
 
 def test_profile_trust_links_below_the_consistency_threshold() -> None:
