@@ -52,3 +52,42 @@ def print_result(fmt: str, result: Any, render: Callable[[Any, Any], None]) -> N
     if not console.is_terminal:
         console = Console(width=max(console.width, 140))
     render(result, console)
+
+
+def profile_beside(captures: tuple[str, ...] | list[str]) -> str | None:
+    """``X.paths.toml`` beside the first capture ``X.pcapng`` (also ``X.pcap``,
+    ``X.pcapng.gz``; ``X`` may hold dots), where it exists."""
+    from pathlib import Path
+
+    if not captures:
+        return None
+    first = Path(captures[0])
+    name = first.name
+    for suffix in (".gz",):
+        name = name.removesuffix(suffix)
+    stems = [name.rsplit(".", 1)[0], name.split(".", 1)[0]]
+    for stem in dict.fromkeys(stems):
+        candidate = first.with_name(f"{stem}.paths.toml")
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def resolve_profile(profile_path: str | None, no_profile: bool,
+                    captures: tuple[str, ...] | list[str]) -> Any:
+    """The path profile to use: ``--profile``'s, else ``X.paths.toml`` beside the capture
+    (saying so on stderr), none with ``--no-profile``."""
+    from netdiag.paths.profile import load_profile
+
+    if profile_path:
+        return load_profile(profile_path)
+    if no_profile:
+        return None
+    found = profile_beside(captures)
+    if found is None:
+        return None
+    profile = load_profile(found)
+    stderr_console().print(f"note: using the path profile {found} found beside the "
+                           "capture (--profile FILE for another, --no-profile for none)",
+                           highlight=False)
+    return profile

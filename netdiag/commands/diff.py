@@ -31,10 +31,13 @@ EXIT_TRUNCATED = 3
               help="Also parse this port as DNS (53 always is). Repeatable.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
               help="Path profile (TOML, docs/profiles.md) for the captures, as for "
-                   "`netdiag report`; without it paths are inferred.")
+                   "`netdiag report`; default: X.paths.toml beside a capture X.pcapng, "
+                   "else paths are inferred.")
+@click.option("--no-profile", is_flag=True,
+              help="Ignore profiles beside the captures: infer the paths.")
 def diff(before: str, after: str, keylogs: tuple[str, ...], fmt: str, output: str | None,
          alpha: float, seed: int, label_a: str | None, label_b: str | None,
-         dns_ports: tuple[int, ...], profile_path: str | None) -> None:
+         dns_ports: tuple[int, ...], profile_path: str | None, no_profile: bool) -> None:
     """Compare BEFORE with AFTER: DNS, TCP, TLS, TTFB/TTLB percentiles, connection reuse,
     per-path figures and findings, with B - A deltas.
 
@@ -49,20 +52,20 @@ def diff(before: str, after: str, keylogs: tuple[str, ...], fmt: str, output: st
     Exit status: 0 done; 1 input error; 3 a capture is damaged or truncated (compared
     up to the damage).
     """
-    from netdiag.commands.common import load_keylogs
+    from netdiag.commands.common import load_keylogs, resolve_profile
     from netdiag.diff.compare import compare
     from netdiag.diff.load import load_side
     from netdiag.diff.render import render_html, render_json, render_text
 
-    profile = None
-    if profile_path:
-        from netdiag.paths.profile import load_profile
-
-        profile = load_profile(profile_path)
     keylog = load_keylogs(keylogs)
     ports = frozenset({53, *dns_ports})
-    doc_a = load_side(before, keylog, ports, profile)
-    doc_b = load_side(after, keylog, ports, profile)
+    docs = []
+    for side in (before, after):
+        # a capture's own X.paths.toml, as netdiag report takes it (unless --profile)
+        profile = None if side.endswith(".json") else resolve_profile(
+            profile_path, no_profile, [side])
+        docs.append(load_side(side, keylog, ports, profile))
+    doc_a, doc_b = docs
     result = compare(doc_a, doc_b, alpha=alpha, seed=seed, label_a=label_a, label_b=label_b)
     out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
     try:

@@ -8,7 +8,7 @@ from typing import IO
 
 import click
 
-from netdiag.commands.common import load_keylogs
+from netdiag.commands.common import load_keylogs, resolve_profile
 from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
@@ -17,8 +17,11 @@ EXIT_TRUNCATED = 3
 @click.command()
 @click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
-              help="Path profile (TOML, see docs/profiles.md). Without one, paths are "
+              help="Path profile (TOML, see docs/profiles.md). Default: X.paths.toml "
+                   "beside the capture X.pcapng when there is one; otherwise paths are "
                    "inferred from the capture and marked as inferred.")
+@click.option("--no-profile", is_flag=True,
+              help="Ignore a profile beside the capture: infer the paths.")
 @click.option("--keylog", "keylogs", multiple=True, type=click.Path(dir_okay=False),
               help="TLS key log to decrypt with. Repeatable; default: $SSLKEYLOGFILE. "
                    "Keys embedded in a pcapng are used too.")
@@ -39,7 +42,8 @@ EXIT_TRUNCATED = 3
               help="Connection reuse at a hop below this share is a finding.")
 @click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
               help="Also parse this port as DNS (53 always is). Repeatable.")
-def paths(captures: tuple[str, ...], profile_path: str | None, keylogs: tuple[str, ...],
+def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
+          keylogs: tuple[str, ...],
           fmt: str, output: str | None, show_connections: bool, seed: int,
           resp_slow_ms: float, stall_ms: float, reuse_min: float,
           dns_ports: tuple[int, ...]) -> None:
@@ -48,11 +52,10 @@ def paths(captures: tuple[str, ...], profile_path: str | None, keylogs: tuple[st
     from netdiag.analysis.findings import Thresholds
     from netdiag.paths.apply import analyze_paths
     from netdiag.paths.findings import PathThresholds
-    from netdiag.paths.profile import load_profile
     from netdiag.pipeline import Options, analyze
     from netdiag.report.records_out import CollectingSink
 
-    profile = load_profile(profile_path) if profile_path else None
+    profile = resolve_profile(profile_path, no_profile, captures)
     thresholds = Thresholds(stall_ms=stall_ms, reuse_min=reuse_min)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=load_keylogs(keylogs))

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 import click
 
-from netdiag.commands.common import keylog_paths, load_keylogs
+from netdiag.commands.common import keylog_paths, load_keylogs, resolve_profile
 from netdiag.console import stderr_console
 
 EXIT_TRUNCATED = 3
@@ -30,7 +30,10 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
                    "slower, for cross-checking: see netdiag verify).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
               help="Path profile (TOML, docs/profiles.md): put every connection on a named "
-                   "path and hop. Without it, paths are inferred and marked so.")
+                   "path and hop. Default: X.paths.toml beside the capture X.pcapng when "
+                   "there is one; otherwise paths are inferred and marked so.")
+@click.option("--no-profile", is_flag=True,
+              help="Ignore a profile beside the capture: infer the paths.")
 @click.option("--dns-slow-ms", type=float, default=100.0, show_default=True,
               help="DNS answers slower than this are a finding.")
 @click.option("--rtt-slow-ms", type=float, default=100.0, show_default=True,
@@ -61,7 +64,7 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
-           progress: bool | None, engine: str, profile_path: str | None,
+           progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
            keylogs: tuple[str, ...], write_pcapng: str | None) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
@@ -69,17 +72,14 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
 
     if fmt == "csv" and not output:
         raise click.UsageError("--format csv writes one file per record type: give -o DIRECTORY")
-    profile = None
-    if profile_path:
-        from netdiag.paths.profile import load_profile
-
-        profile = load_profile(profile_path)
+    keylog = load_keylogs(keylogs)
+    profile = resolve_profile(profile_path, no_profile, captures)
 
     thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=load_keylogs(keylogs))
+                      keylog=keylog)
     to_file = bool(output) and fmt != "csv"
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)

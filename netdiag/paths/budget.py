@@ -125,6 +125,19 @@ class PathBudget:
     tls: list[float] = field(default_factory=list)
     think: list[float] = field(default_factory=list)
     estimated: bool = False
+    multi_hop: bool = False
+    """The path has hops behind its client-facing one (declared or seen)."""
+    linked: int = 0
+    """Client requests whose chain reached every hop the path's chains usually reach,
+    without an ambiguous link: the only ones per-hop figures rest on."""
+    ambiguous: int = 0
+    """Client requests whose chain has an ambiguous link (left out of per-hop figures)."""
+    unlinked: int = 0
+    """Client requests of a multi-hop path linked to no upstream request, or to fewer
+    hops than its chains usually reach (left out of per-hop figures)."""
+    upstream_unlinked: int = 0
+    """Requests at a hop behind the client-facing one that no client request could be
+    linked to (never counted as client requests)."""
 
     @property
     def requests(self) -> int:
@@ -173,6 +186,9 @@ class PathBudget:
                 "think_ms": percentiles(self.think),
                 "transfer_ms": percentiles(self.transfer),
             },
+            "chains": {"linked": self.linked, "ambiguous": self.ambiguous,
+                       "unlinked": self.unlinked,
+                       "upstream_unlinked": self.upstream_unlinked},
             "estimated": self.estimated,
         }
 
@@ -209,15 +225,30 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
 
     client_conns: dict[str, dict[str, Connection]] = defaultdict(dict)
     upstream_conns = {n.conn.id for n in chains.nodes.values() if n.parent is not None}
+    complete: dict[str, list[Node]] = defaultdict(list)
     for root in chains.roots:
         c = root.conn
-        if c.path is None or c.id in upstream_conns:
-            continue  # an upstream connection's request nothing captured caused
+        if c.path is None:
+            continue
         b = budget(c.path["name"], bool(c.path.get("inferred")))
         pdef = profile.path(b.name) if profile is not None else None
-        if pdef is not None and c.path["hop"] != pdef.hops[0] and is_resp(c, root.req):
-            continue  # e.g. a proxy's SCRIPT LOAD at start-up: not a client request
+        first_hop = pdef.hops[0] if pdef is not None else (
+            "edge" if b.name.startswith("via ") else c.path["hop"])
+        if pdef is not None and len(pdef.hops) > 1:
+            b.multi_hop = True
+        if c.id in upstream_conns or c.path["hop"] != first_hop:
+            # a request at an upstream hop that nothing captured caused (a proxy's
+            # start-up SCRIPT LOAD, or one the linking could not place): never a
+            # client request of the path
+            b.upstream_unlinked += 1
+            continue
         b.roots.append(root)
+        if root.children:
+            b.multi_hop = True
+            if chains.is_ambiguous(root):
+                b.ambiguous += 1
+            else:
+                complete[b.name].append(root)
         client_conns[b.name][c.id] = c
         r = root.req
         if r.estimated:
@@ -231,6 +262,57 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         tr = _ms(r.first_byte_ns, r.last_byte_ns)
         if tr is not None:
             b.transfer.append(tr)
+
+    # per-hop figures only from chains that reached the hops the path's chains usually
+    # reach (a chain that lost its origin call would give its router the origin's time)
+    for name, b in budgets.items():
+        if not b.multi_hop:
+            continue
+        roots = complete.get(name, [])
+        sets = [frozenset(_hop_names(chains, root, b.name)) for root in roots]
+        counts: dict[str, int] = defaultdict(int)
+        for hs in sets:
+            for h in hs:
+                counts[h] += 1
+        usual = {h for h, k in counts.items() if k >= PROXY_USUAL_SHARE * len(sets)}
+        keep = [root for root, hs in zip(roots, sets, strict=True) if usual <= hs]
+        b.linked = len(keep)
+        b.unlinked = len(b.roots) - b.linked - b.ambiguous
+        complete[name] = keep
+    for b in budgets.values():
+        if b.multi_hop:
+            continue
+        complete[b.name] = list(b.roots)
+        b.linked = len(b.roots)
+
+    for name, b in budgets.items():
+        whole = {id(r) for r in complete.get(name, [])}
+        for root in b.roots:
+            _hop_figures(b, chains, root, id(root) in whole)
+
+    _finish(budgets, client_conns, dns_records)
+    return budgets
+
+
+PROXY_USUAL_SHARE = 0.8
+"""A hop reached by at least this share of a path's linked chains is one its complete
+chains must reach."""
+
+
+def _hop_names(chains: Chains, root: Node, path: str) -> list[str]:
+    out = []
+    for st in chains.steps(root):
+        hop = st.hop or "?"
+        if st.path is not None and st.path != path:
+            hop = f"{st.path}.{hop}"
+        out.append(hop)
+    return out
+
+
+def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
+    """Add one chain's per-hop figures to its path's budget: what each hop served (every
+    chain), and the time each took of the client's wait (complete chains only)."""
+    if True:  # (one block: the figures of one chain)
         own: dict[str, int] = defaultdict(int)
         own_seen: set[str] = set()
         parts: dict[str, list[int]] = {}
@@ -252,7 +334,7 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
                 hb.wait.append(n.wait_ns / 1e6)
                 if is_resp(n.conn, n.req):
                     hb.commands[n.req.method or "?"].append(n.wait_ns / 1e6)
-            if not st.in_ttfb:
+            if not st.in_ttfb or not complete:
                 continue
             if st.own_ns is not None:
                 own[hop] += st.own_ns
@@ -276,6 +358,9 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         if think is not None:
             b.think.append(think / 1e6)
 
+
+def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Connection]],
+            dns_records: Sequence[DnsTransaction]) -> None:
     for name, conns in client_conns.items():
         b = budgets[name]
         b.client_connections = list(conns)
@@ -294,7 +379,6 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         if not b.hop_order:
             b.hop_order = [h.name for h in sorted(
                 b.hops.values(), key=lambda h: (99 if h.depth is None else h.depth, h.name))]
-    return budgets
 
 
 def summary_paths(budgets: dict[str, PathBudget]) -> dict[str, Any]:
@@ -388,7 +472,8 @@ class Difference:
         ci = f"95% CI {_fmt_ci(self.ci_low_ms or 0.0, self.ci_high_ms or 0.0)}"
         more = "more" if d >= 0 else "less"
         if self.only_a:
-            return f"{a} adds {_fmt_ms(d)} {self.label} ({ci})"
+            return (f"{a} adds {_fmt_ms(d)} {self.label} ({ci}, {self.n_a} linked "
+                    f"request{'s' if self.n_a != 1 else ''})")
         if self.phase.startswith("hop:"):
             return f"{a} spends {_fmt_ms(abs(d))} {more} than {b} {self.label} ({ci})"
         if self.phase == "ttfb":
@@ -406,15 +491,17 @@ class Difference:
 
 
 def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RESAMPLES,
-            min_samples: int = MIN_SAMPLES) -> list[Difference]:
+            min_samples: int = MIN_SAMPLES, only_a_hops: bool = True) -> list[Difference]:
     """Every phase of ``a`` against ``b``: end to end, DNS/TCP/TLS, each hop, think
-    time, transfer."""
+    time, transfer (``only_a_hops`` false: not the hops only ``a`` has, stated once per
+    path elsewhere). A side with fewer than ``min_samples`` declines before any
+    resampling."""
     out: list[Difference] = []
     b_hops = {h.name for h in b.ordered_hops() if h.own}
     phases: list[tuple[str, bool]] = [("ttfb", False), ("dns", False), ("tcp", False),
                                       ("tls", False), ("think", False)]
     for h in a.ordered_hops():
-        if h.own:
+        if h.own and (only_a_hops or h.name in b_hops):
             phases.append((f"hop:{h.name}", h.name not in b_hops))
     phases.append(("transfer", False))
     seen: set[tuple[tuple[float, ...], tuple[float, ...]]] = set()
@@ -428,14 +515,20 @@ def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RES
             continue  # e.g. a one-hop path: its own time is its think time and its TTFB
         seen.add(same)
         d = Difference(a.name, b.name, phase, only_a, len(sa), len(sb))
-        point, lo, hi = bootstrap_median_diff(sa, None if only_a else sb, seed=seed,
-                                              resamples=resamples)
-        d.diff_ms, d.ci_low_ms, d.ci_high_ms = point, lo, hi
         if len(sa) < min_samples or (not only_a and len(sb) < min_samples):
+            d.diff_ms = median(sa) - (0.0 if only_a else median(sb))
             d.reason = (f"{len(sa)} sample{'s' if len(sa) != 1 else ''}"
                         + ("" if only_a else f" against {len(sb)}")
                         + f"; {min_samples} per side needed")
-        elif lo <= 0 <= hi:
+            if only_a and a.multi_hop and a.linked < min_samples:
+                d.reason = (f"only {a.linked} of {a.requests} client requests linked to "
+                            f"every hop; {min_samples} needed")
+            out.append(d)
+            continue
+        point, lo, hi = bootstrap_median_diff(sa, None if only_a else sb, seed=seed,
+                                              resamples=resamples)
+        d.diff_ms, d.ci_low_ms, d.ci_high_ms = point, lo, hi
+        if lo <= 0 <= hi:
             d.reason = f"95% CI {_fmt_ci(lo, hi)} includes 0"
         else:
             d.supported = True
@@ -443,15 +536,56 @@ def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RES
     return out
 
 
+MAX_DIRECT_PAIRS = 3
+"""Inferred direct paths (one per server) compared pairwise up to this many; beyond,
+they are pooled into one group, so comparisons never grow with the square of the
+servers."""
+
+
+def _pooled(name: str, parts: Sequence[PathBudget]) -> PathBudget:
+    """One budget holding the samples of several one-hop paths."""
+    out = PathBudget(name, inferred=True)
+    for b in parts:
+        out.roots.extend(b.roots)
+        out.client_connections.extend(b.client_connections)
+        for k in ("ttfb", "ttlb", "transfer", "dns", "tcp", "tls", "think"):
+            getattr(out, k).extend(getattr(b, k))
+        out.estimated = out.estimated or b.estimated
+        out.linked += b.linked
+    return out
+
+
+def comparison_pairs(budgets: dict[str, PathBudget]) -> list[tuple[PathBudget, PathBudget]]:
+    """Which paths are compared: every pair of the paths a profile names; each inferred
+    path through a proxy against the inferred direct paths (pooled beyond
+    :data:`MAX_DIRECT_PAIRS`); the direct ones among themselves only when few."""
+    have = [b for b in budgets.values() if b.ttfb]
+    named = [b for b in have if not b.inferred]
+    via = [b for b in have if b.inferred and b.multi_hop]
+    direct = [b for b in have if b.inferred and not b.multi_hop]
+    if len(direct) > MAX_DIRECT_PAIRS:
+        direct = [_pooled(f"direct ({len(direct)} servers)", direct)]
+    groups = [named, via + direct]
+    pairs: list[tuple[PathBudget, PathBudget]] = []
+    for g in groups:
+        g.sort(key=lambda b: (-median(b.ttfb), b.name))
+        for i, a in enumerate(g):
+            for b in g[i + 1:]:
+                if g is groups[1] and a in via and b in via:
+                    continue  # two proxies: each is compared with the direct servers
+                pairs.append((a, b))
+    return pairs
+
+
 def compare_all(budgets: dict[str, PathBudget], *, seed: int = 0,
                 resamples: int = RESAMPLES, min_samples: int = MIN_SAMPLES
                 ) -> list[Difference]:
-    """Every pair of paths with requests, the slower (median time to first byte) first."""
-    named = [b for b in budgets.values() if b.ttfb]
-    named.sort(key=lambda b: (-median(b.ttfb), b.name))
+    """The pairs of :func:`comparison_pairs`, the slower (median time to first byte)
+    first; a hop only one side has is stated once per path, with its first pair."""
     out: list[Difference] = []
-    for i, a in enumerate(named):
-        for b in named[i + 1:]:
-            out.extend(compare(a, b, seed=seed, resamples=resamples,
-                               min_samples=min_samples))
+    stated: set[str] = set()
+    for a, b in comparison_pairs(budgets):
+        out.extend(compare(a, b, seed=seed, resamples=resamples, min_samples=min_samples,
+                           only_a_hops=a.name not in stated))
+        stated.add(a.name)
     return out

@@ -3,6 +3,11 @@
 ``path-dominant-hop`` (info)
     Per path with enough requests: the hop with the largest median own time, and its
     share of the path's median time to first byte.
+``path-unlinked`` (warning)
+    A path with hops behind its client-facing one whose client requests could mostly
+    not be linked to their upstream requests (fewer than :data:`~netdiag.paths.budget.
+    MIN_SAMPLES`, or under half of them): no per-hop time is stated for it, and the
+    finding says why.
 ``path-difference`` (info)
     Two paths differ and the bootstrap supports it (``netdiag.paths.budget``).
 ``path-low-reuse`` (warning)
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 from netdiag.analysis.findings import Thresholds
 from netdiag.analysis.stats import quantile
-from netdiag.paths.budget import Difference, PathBudget, median
+from netdiag.paths.budget import MIN_SAMPLES, Difference, PathBudget, median
 from netdiag.paths.chains import Chains, Node, is_resp
 from netdiag.records import Finding
 
@@ -58,6 +63,7 @@ def path_findings(budgets: dict[str, PathBudget], differences: list[Difference],
     out: list[Finding] = []
     for name in sorted(budgets):
         b = budgets[name]
+        out.extend(_unlinked(b))
         out.extend(_dominant(b, pt))
         out.extend(_reuse(b, t))
         out.extend(_token_store(b, pt))
@@ -68,8 +74,31 @@ def path_findings(budgets: dict[str, PathBudget], differences: list[Difference],
     return out
 
 
+def _unlinked(b: PathBudget) -> list[Finding]:
+    upstream = [h for h in b.ordered_hops() if h.depth != 0 and h.requests]
+    if not b.multi_hop or not b.requests or not upstream:
+        return []
+    if b.linked >= MIN_SAMPLES and b.linked * 2 >= b.requests:
+        return []
+    why = []
+    if b.ambiguous:
+        why.append(f"{b.ambiguous} had concurrent candidates that fit equally well")
+    if b.unlinked:
+        why.append(f"{b.unlinked} could not be tied to requests at every hop")
+    seen = ", ".join(f"{h.name} ({h.requests} requests)" for h in upstream)
+    return [Finding(
+        "warning", "path-unlinked",
+        f"{b.name}: only {b.linked} of {b.requests} client requests could be linked to "
+        "their upstream requests; no per-hop time is stated",
+        f"The capture shows requests at {seen}, but per-hop times need each client "
+        f"request tied to the requests it caused: " + ("; ".join(why) or "too few requests")
+        + ". A profile naming every hop, request ids (x-request-id, traceparent) "
+        "forwarded by the proxies, or a capture with less concurrency makes the links.",
+        _ids(b.client_connections))]
+
+
 def _dominant(b: PathBudget, pt: PathThresholds) -> list[Finding]:
-    if len(b.ttfb) < pt.min_requests:
+    if len(b.ttfb) < pt.min_requests or (b.multi_hop and b.linked < MIN_SAMPLES):
         return []
     hops = [(median(h.own), h) for h in b.ordered_hops() if h.own]
     if not hops:
@@ -87,7 +116,7 @@ def _dominant(b: PathBudget, pt: PathThresholds) -> list[Finding]:
                   f"linked to its requests), so its own time is the whole time to first "
                   f"byte: median {_ms(own)} over {len(b.ttfb)} requests.")
     else:
-        detail = (f"Median own time per hop over {len(b.ttfb)} requests: {parts}. Median "
+        detail = (f"Median own time per hop over {b.linked} linked requests: {parts}. Median "
                   f"time to first byte {_ms(total)}. A hop's own time is its wait minus "
                   "the wait of the hops it called.")
     return [Finding(
@@ -215,7 +244,7 @@ def _differences(diffs: list[Difference], budgets: dict[str, PathBudget]) -> lis
                       key=lambda d: -(d.diff_ms or 0))
         lead = hops[0] if hops else (total or ok[0])
         declined = [d for d in ds if not d.supported]
-        detail = " ".join(d.sentence + "." for d in ok)
+        detail = " ".join(d.sentence + "." for d in ok if d is not lead)
         if declined:
             detail += " Not stated for lack of evidence: " + ", ".join(
                 d.label for d in declined) + "."

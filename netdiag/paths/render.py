@@ -30,13 +30,19 @@ def _servers(h: HopBudget, k: int = 3) -> str:
 
 def hop_tree(b: PathBudget, profile_path: bool) -> Any:
     """The path's hops as a tree, from who called whom in the chains."""
+    from rich.markup import escape
     from rich.tree import Tree
 
     how = "profile" if profile_path else "inferred"
     reuse = "" if b.reuse_rate is None else f", connection reuse {b.reuse_rate * 100:.0f}%"
-    title = (f"[bold]{b.name}[/] ({how}): {b.requests} client request"
+    linked = ""
+    if b.multi_hop:
+        linked = f"; {b.linked} linked to every hop"
+        if b.ambiguous:
+            linked += f", {b.ambiguous} ambiguous"
+    title = (f"[bold]{escape(b.name)}[/] ({how}): {b.requests} client request"
              f"{'s' if b.requests != 1 else ''} on {len(b.client_connections)} "
-             f"connection{'s' if len(b.client_connections) != 1 else ''}{reuse}")
+             f"connection{'s' if len(b.client_connections) != 1 else ''}{reuse}{linked}")
     tree = Tree(title, highlight=False)
     hops = b.ordered_hops()
     children: dict[str, list[HopBudget]] = {}
@@ -50,11 +56,12 @@ def hop_tree(b: PathBudget, profile_path: bool) -> Any:
     seen: set[str] = set()
 
     def label(h: HopBudget) -> str:
-        bits = [f"[bold]{h.name}[/] {_servers(h)}"]
+        bits = [f"[bold]{escape(h.name)}[/] {escape(_servers(h))}"]
         if h.requests:
             bits.append(f"{h.requests} req on {len(h.connections)} conn")
         if h.commands:
-            bits.append(", ".join(f"{cmd} ×{len(v)}" for cmd, v in sorted(h.commands.items())))
+            bits.append(escape(", ".join(f"{cmd} ×{len(v)}"
+                                         for cmd, v in sorted(h.commands.items()))))
         return " · ".join(bits)
 
     def add(node: Any, h: HopBudget) -> None:
@@ -123,25 +130,28 @@ def budget_table(budgets: Sequence[PathBudget]) -> Any:
     return t
 
 
-MAX_DECLINED_SHOWN = 12
+SHOWN_IN_DIFFERENCES = frozenset({"path-difference"})
+"""Finding codes whose sentences the differences block already prints: a terminal view
+that shows the block leaves them out of its findings, so no sentence appears twice."""
 
 
 def differences(analysis: PathsAnalysis, declined: bool = True) -> Any:
-    """The path differences: stated ones, then (dim) the ones the data does not support."""
+    """The path differences: each stated one once, then one dim line for those the data
+    does not support (``--format json`` lists them with their reasons)."""
     from rich.console import Group
     from rich.text import Text
 
     lines = []
+    said: set[str] = set()
     for d in analysis.differences:
-        if d.supported:
+        if d.supported and d.sentence not in said:
+            said.add(d.sentence)
             lines.append(Text("• " + d.sentence))
-    if declined:
-        rest = [d for d in analysis.differences if not d.supported]
-        for d in rest[:MAX_DECLINED_SHOWN]:
-            lines.append(Text("• " + d.sentence, style="dim"))
-        if len(rest) > MAX_DECLINED_SHOWN:
-            lines.append(Text(f"• {len(rest) - MAX_DECLINED_SHOWN} more comparisons without "
-                              "enough evidence (--format json lists them all)", style="dim"))
+    rest = [d for d in analysis.differences if not d.supported]
+    if declined and rest:
+        lines.append(Text(f"• {len(rest)} comparison{'s' if len(rest) != 1 else ''} without "
+                          "enough evidence (too few samples, or an interval that includes "
+                          "0): --format json lists them", style="dim"))
     if not lines:
         lines.append(Text("Only one path has requests: nothing to compare.", style="dim"))
     return Group(Text("Differences between paths (95% bootstrap CI of the median "
@@ -201,9 +211,11 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
     if budgets:
         out.append(budget_table(budgets))
         out.append(differences(analysis))
-    if analysis.findings:
+    shown = [f for f in analysis.findings
+             if not (budgets and f.code in SHOWN_IN_DIFFERENCES)]
+    if shown:
         out.append(Text("Findings", style="bold"))
-        for f in analysis.findings:
+        for f in shown:
             color = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
             out.append(Text.assemble((f"{f.severity:8} ", color), (f.title, "bold"),
                                      "\n         ", f.detail))

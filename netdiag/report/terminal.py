@@ -177,7 +177,13 @@ def render(result: Result, console: Console, paths: Any = None,
     slow = _slowest(result)
     if slow is not None:
         console.print(slow)
-    findings = list(result.findings) + (list(paths.findings) if paths is not None else [])
+    findings = list(result.findings)
+    if paths is not None:
+        from netdiag.paths.render import SHOWN_IN_DIFFERENCES
+
+        shown_block = bool(connections) and any(b.roots for b in paths.budgets.values())
+        findings += [f for f in paths.findings
+                     if not (shown_block and f.code in SHOWN_IN_DIFFERENCES)]
     order = {"critical": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     console.print(_findings(findings))

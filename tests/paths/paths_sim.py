@@ -128,7 +128,8 @@ def simulate(p: SimParams) -> tuple[list[Connection], list[Truth]]:
         e_fb = r_fb + rng.uniform(0.1, 0.4)
         e_lb = r_lb + rng.uniform(0.1, 0.4)
 
-        def http(ts: float, fb: float, lb: float, proto_: str, auth: str) -> Request:
+        def http(ts: float, fb: float, lb: float, proto_: str, auth: str, body: int = body,
+                 size: int = size, rid: list[tuple[str, str]] = rid) -> Request:
             return Request(ts_ns=ns(ts), first_byte_ns=ns(fb), last_byte_ns=ns(lb),
                            method="POST", path="/v1/messages", authority=auth,
                            status=200, estimated=False, protocol=proto_,

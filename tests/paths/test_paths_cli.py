@@ -26,7 +26,7 @@ def test_listed_in_help() -> None:
 
 
 def test_text_without_profile() -> None:
-    p = run("paths", str(ANTHO), "--connections")
+    p = run("paths", str(ANTHO), "--connections", "--no-profile")
     assert p.returncode == 0, p.stderr
     assert "Latency budget" in p.stdout and "(inferred)" in p.stdout
     assert "time to first byte" in p.stdout and "Attribution" in p.stdout

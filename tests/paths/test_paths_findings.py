@@ -64,7 +64,7 @@ def test_dominant_hop_reuse_and_difference() -> None:
     roc_low = next(f for f in by_code["path-low-reuse"] if f.title.startswith("ROC"))
     assert "Each new connection to it cost a median 0.5 ms" in roc_low.detail
     (diff,) = by_code["path-difference"]
-    assert diff.title == "ROC adds 11.5 ms at the router (95% CI 11.5–11.5 ms)"
+    assert diff.title == "ROC adds 11.5 ms at the router (95% CI 11.5–11.5 ms, 6 linked requests)"
     assert "ROC's time to first byte is 24.5 ms longer than DPF's" in diff.detail
     assert diff.evidence == ["C2"]
     assert "token-store-latency" not in by_code and "path-streaming-stalls" not in by_code

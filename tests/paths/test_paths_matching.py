@@ -1,0 +1,121 @@
+"""Linking under concurrency, pooled upstream connections and foreign source addresses.
+
+The simulated topology (``paths_sim``) draws its timings at random and records the
+true chain of every client request; netdiag must find it without request ids and
+without the proxies connecting upstream from their own listen address.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from paths_sim import DIRECT, SimParams, Truth, simulate
+
+from netdiag.paths.attribute import attribute
+from netdiag.paths.chains import Chains
+from netdiag.paths.profile import parse_profile
+
+PROFILE = """\
+version = 1
+
+[[path]]
+name = "ROC"
+hops = ["edge", "router", "token-store", "origin"]
+
+[[path.rule]]
+hop = "edge"
+server = ["127.0.0.10/32"]
+
+[[path.rule]]
+hop = "router"
+server = ["127.0.0.11/32"]
+
+[[path.rule]]
+hop = "token-store"
+server = ["127.0.0.12/32"]
+
+[[path.rule]]
+hop = "origin"
+server = ["127.0.0.20/30"]
+
+[[path]]
+name = "DPF"
+hops = ["origin"]
+
+[[path.rule]]
+hop = "origin"
+server = ["127.0.0.31/32"]
+"""
+
+
+def _score(chains: Chains, truth: list[Truth]) -> tuple[int, int, Counter[str]]:
+    """(client requests whose whole chain is right, wrong chains without an ambiguous
+    link, link kinds)."""
+    right = wrong_unflagged = 0
+    kinds: Counter[str] = Counter()
+    for t in truth:
+        r, s, o = (chains.node(*t.router), chains.node(*t.store), chains.node(*t.origin))
+        assert r is not None and s is not None and o is not None
+        ok = (r.parent is not None and r.parent.key == t.client and s.parent is r
+              and o.parent is r)
+        right += ok
+        links = [n.link for n in (r, s, o)]
+        kinds.update(x or "none" for x in links)
+        if not ok and "ambiguous" not in links:
+            wrong_unflagged += 1
+    return right, wrong_unflagged, kinds
+
+
+@pytest.mark.parametrize("profile", [True, False], ids=["profile", "inferred"])
+@pytest.mark.parametrize("upstream", ["http1", "h2"])
+@pytest.mark.parametrize("source", ["own", "loopback"])
+@pytest.mark.parametrize("concurrency", [4, 16])
+def test_chains_follow_the_truth_without_ids_or_address_identity(
+        concurrency: int, source: str, upstream: str, profile: bool) -> None:
+    conns, truth = simulate(SimParams(requests=200, concurrency=concurrency, source=source,
+                                      upstream=upstream, direct=40, seed=concurrency))
+    chains = attribute(conns, parse_profile(PROFILE) if profile else None)
+    right, unflagged, kinds = _score(chains, truth)
+    assert right >= 0.95 * len(truth), (right, kinds)
+    assert unflagged <= 0.03 * len(truth), (unflagged, kinds)
+    assert kinds["matched"] > 0 and kinds["none"] == 0
+    # the unrelated direct requests are nobody's children and call nothing
+    for n in chains.nodes.values():
+        if n.conn.server == DIRECT:
+            assert n.parent is None and not n.children, n.label
+
+
+def test_heavy_concurrency_flags_what_it_cannot_tell_apart() -> None:
+    conns, truth = simulate(SimParams(requests=300, concurrency=64, source="loopback",
+                                      upstream="http1", seed=64))
+    chains = attribute(conns, None)
+    right, unflagged, kinds = _score(chains, truth)
+    assert right >= 0.85 * len(truth), (right, kinds)
+    assert unflagged <= 0.06 * len(truth), (unflagged, kinds)
+    assert kinds["ambiguous"] > 0
+
+
+def test_request_ids_link_every_hop_exactly() -> None:
+    conns, truth = simulate(SimParams(requests=120, concurrency=16, source="loopback",
+                                      request_ids=True, seed=3))
+    chains = attribute(conns, None)
+    right, _unflagged, kinds = _score(chains, truth)
+    # the HTTP hops by the id, exactly; the token calls carry none: by the assignment
+    assert kinds["request-id"] == 2 * len(truth)
+    for t in truth:
+        r, o = chains.node(*t.router), chains.node(*t.origin)
+        assert r is not None and r.parent is not None and r.parent.key == t.client
+        assert o is not None and o.parent is r
+    assert right >= 0.95 * len(truth)
+
+
+def test_chain_json_says_how_each_link_was_made() -> None:
+    conns, truth = simulate(SimParams(requests=40, concurrency=4, seed=5))
+    chains = attribute(conns, parse_profile(PROFILE))
+    root = chains.node(*truth[0].client)
+    assert root is not None
+    steps = [s.to_json() for s in chains.steps(root)]
+    assert steps[0]["link"] is None and steps[0]["candidates"] is None
+    assert {s["link"] for s in steps[1:]} <= {"unique", "matched", "ambiguous"}
+    assert all(s["candidates"] >= 1 for s in steps[1:])
