@@ -22,6 +22,7 @@ from netdiag.paths.budget import (
     summary_paths,
 )
 from netdiag.paths.chains import Chains, Step
+from netdiag.paths.edge import annotate_edges, edge_findings
 from netdiag.paths.findings import PathThresholds, path_findings
 from netdiag.paths.profile import Profile
 from netdiag.records import Connection, DnsTransaction, Finding
@@ -59,6 +60,7 @@ def analyze_paths(connections: list[Connection], dns_records: Sequence[DnsTransa
     budgets = build_budgets(connections, dns_records, chains, profile)
     diffs = compare_all(budgets, seed=seed, resamples=resamples, min_samples=min_samples)
     findings = path_findings(budgets, diffs, chains, thresholds, path_thresholds)
+    findings = [*findings, *edge_findings(connections, profile)]
     return PathsAnalysis(profile, chains, budgets, diffs, findings, chains.table())
 
 
@@ -67,6 +69,7 @@ def annotate_document(doc: dict[str, Any], connections: Sequence[Connection],
     """Write ``path`` into each ``doc["connections"][]``, and into each request dict a
     ``chain`` (client requests that caused others) or ``caused_by`` (``{"connection",
     "request"}``, for requests another captured request caused)."""
+    annotate_edges(doc, connections, analysis.profile)
     by_id = {c.id: c for c in connections}
     for cj in doc.get("connections", []):
         conn = by_id.get(cj.get("id"))

@@ -28,8 +28,10 @@ from netdiag.records import Connection
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 PROFILE_VERSION = 1
-TOP_KEYS = ("version", "path")
+TOP_KEYS = ("version", "path", "edge")
 PATH_KEYS = ("name", "hops", "rule")
+EDGE_KEYS = ("name", "ranges")
+"""Keys of an ``[[edge]]`` entry: an edge name and the CIDRs of its servers."""
 RULE_KEYS = ("hop", "server", "port", "sni", "authority", "alpn", "client", "header",
              "ttl_hops")
 """Keys of a rule, in the order they are checked and reported as evidence."""
@@ -117,6 +119,19 @@ class PathDef:
 
 
 @dataclass(frozen=True, slots=True)
+class EdgeDef:
+    """An ``[[edge]]`` entry: servers in ``ranges`` are the edge ``name``
+    (``netdiag.paths.edge``; checked before the published ranges netdiag ships)."""
+
+    name: str
+    """The edge's name, as ``connections[].edge.name`` shows it."""
+    ranges: tuple[IPNetwork, ...]
+    """CIDRs of its server addresses."""
+    line: int = 0
+    """Line of the entry's ``[[edge]]`` header in the profile."""
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     """Which path and hop a connection matched, and why."""
 
@@ -140,6 +155,8 @@ class Profile:
     source: str = "<profile>"
     version: int = PROFILE_VERSION
     _by_name: dict[str, PathDef] = field(default_factory=dict, repr=False, compare=False)
+    edges: tuple[EdgeDef, ...] = ()
+    """``[[edge]]`` entries, in order (the first whose ranges hold an address wins)."""
 
     def __post_init__(self) -> None:
         self._by_name.update({p.name: p for p in self.paths})
@@ -367,7 +384,7 @@ class _Locator:
         ends = [n for _name, n in self.tables] + [len(self.lines) + 1]
         if not where:
             return 1, ends[0] - 1
-        paths = [k for k, (name, _n) in enumerate(self.tables) if name == "path"]
+        paths = [k for k, (name, _n) in enumerate(self.tables) if name == where[0]]
         i = where[1]
         if i >= len(paths):
             return None
@@ -477,7 +494,27 @@ class _Validator:
                                 f"defined on line {seen[p.name]})")
             seen[p.name] = self.loc.line(where, "name")
             paths.append(p)
-        return Profile(paths, self.source, version)
+        raw_edges = doc.get("edge", [])
+        if not isinstance(raw_edges, list):
+            raise self.fail((), "edge", "'edge' must be an array of tables ([[edge]]), not "
+                            f"{_type_name(raw_edges)}")
+        edges = tuple(self.edge(("edge", i), raw) for i, raw in enumerate(raw_edges))
+        return Profile(paths, self.source, version, edges=edges)
+
+    def edge(self, where: tuple[Any, ...], raw: Any) -> EdgeDef:
+        if not isinstance(raw, dict):
+            raise self.fail((), "edge", f"edge {where[1] + 1} must be a table, not "
+                            f"{_type_name(raw)}")
+        self.unknown(where, "[[edge]]", raw, EDGE_KEYS)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise self.fail(where, "name" if "name" in raw else None,
+                            "[[edge]] needs a name = \"...\" (a non-empty string)")
+        if "ranges" not in raw:
+            raise self.fail(where, None, f"edge '{name}' has no ranges (e.g. ranges = "
+                            "[\"10.0.0.0/8\"])")
+        return EdgeDef(name.strip(), self._cidrs(where, "ranges", raw["ranges"]),
+                       self.loc.line(where))
 
     def path(self, where: tuple[Any, ...], raw: dict[str, Any]) -> PathDef:
         self.unknown(where, "[[path]]", raw, PATH_KEYS)
