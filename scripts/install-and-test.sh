@@ -5,13 +5,21 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 need=""
 for pkg_cmd in tshark:tshark tcpdump:tcpdump redis-server:redis-server chromium:chromium \
-        iproute2:ip; do
+        iproute2:ip nginx:nginx; do
     command -v "${pkg_cmd#*:}" >/dev/null || need="$need ${pkg_cmd%%:*}"
 done
 if [ -n "$need" ]; then
     apt-get update -qq
+    # the tests run nginx themselves with their own configuration: keep the package from
+    # starting it as a system service (policy-rc.d exit 101 = "action forbidden")
+    rcd=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        rcd=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' >"$rcd" && chmod +x "$rcd"
+    fi
     # shellcheck disable=SC2086
     apt-get install -y -qq $need >/dev/null
+    if [ -n "$rcd" ]; then rm -f "$rcd"; fi
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m ruff check .
