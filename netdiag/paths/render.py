@@ -158,6 +158,47 @@ def differences(analysis: PathsAnalysis, declined: bool = True) -> Any:
                       "difference)", style="bold"), *lines)
 
 
+def _chain_line(steps: Sequence[Any]) -> Any:
+    from rich.text import Text
+
+    root = steps[0].node
+    r = root.req
+    ttfb = None if r.first_byte_ns is None else (r.first_byte_ns - r.ts_ns) / 1e6
+    t = Text(f"{root.label} {steps[0].what}", style="bold")
+    if ttfb is not None:
+        t.append(f" {ttfb:.1f} ms")
+    t.append(":")
+    for st in steps:
+        own = "" if st.own_ns is None else f" {st.own_ns / 1e6:.1f}"
+        setup = "" if st.node.setup_ns is None else f" (+{st.node.setup_ns / 1e6:.1f} setup)"
+        t.append(f"\n  {'  ' * st.depth}{st.hop or st.conn.server}{own}{setup}")
+        if st.node.link is not None:
+            style = "yellow" if st.node.link == "ambiguous" else "dim"
+            t.append(f" [{st.node.link}]", style=style)
+    return t
+
+
+def slowest_chains(analysis: PathsAnalysis) -> Any:
+    """Per path through more than one hop, the chain of its slowest client request (own
+    time per hop in ms, and how each link was made)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    lines: list[Any] = []
+    for name in sorted(analysis.budgets):
+        b = analysis.budgets[name]
+        roots = [r for r in b.roots if r.children and r.req.first_byte_ns is not None]
+        if not b.multi_hop or not roots:
+            continue
+        worst = max(roots, key=lambda r: (r.req.first_byte_ns or 0) - r.req.ts_ns)
+        lines.append(Text(f"{name}: ", style="bold") + _chain_line(
+            analysis.chains.steps(worst)))
+    if not lines:
+        return None
+    return Group(Text("Slowest request per path, hop by hop (own ms; [how it was linked])",
+                      style="bold"), *lines)
+
+
 def attribution_table(connections: Sequence[Connection]) -> Any:
     """Every connection with its path, hop and first evidence line."""
     from rich.table import Table
@@ -210,6 +251,9 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
         out.append(hop_tree(b, prof is not None and prof.path(b.name) is not None))
     if budgets:
         out.append(budget_table(budgets))
+        chains = slowest_chains(analysis)
+        if chains is not None:
+            out.append(chains)
         out.append(differences(analysis))
     shown = [f for f in analysis.findings
              if not (budgets and f.code in SHOWN_IN_DIFFERENCES)]
