@@ -85,6 +85,9 @@ one leaves the link ``ambiguous``."""
 MAX_CANDIDATES = 256
 """Candidate parents kept per child and parent group (the latest-starting ones): the
 time to link stays linear in requests whatever the concurrency."""
+MAX_SCAN = 4 * MAX_CANDIDATES
+"""Earlier requests of a parent group looked at per child: one request whose window
+spans the capture (an answer that never came) cannot make linking quadratic."""
 REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "request-id")
 """Request headers whose equal values tie an upstream request to its cause."""
 
@@ -570,6 +573,7 @@ class _Linker:
         self.group: dict[int, tuple[Any, ...]] = {}
         self.kind: dict[int, tuple[Any, ...]] = {}
         self.rid: dict[int, str | None] = {}
+        self._ips: dict[int, str] = {}
         self.considered: set[tuple[Any, Any]] = set()
         """Pairs of groups that passed the pair tests (before the proxy share test)."""
         for n in nodes:
@@ -632,7 +636,7 @@ class _Linker:
                 lo = bisect_left(starts, u.end_ns - longest)
                 hi = bisect_right(starts, u.req.ts_ns)
                 kept = 0
-                for k in range(hi - 1, lo - 1, -1):
+                for k in range(hi - 1, max(lo, hi - MAX_SCAN) - 1, -1):
                     p = lst[k]
                     if not self._contains(p, u):
                         continue
@@ -654,6 +658,19 @@ class _Linker:
                     if e is not None:
                         edges.append(e)
         return edges
+
+    def _client_ip(self, c: Connection) -> str:
+        ip = self._ips.get(id(c))
+        if ip is None:
+            ip = self._ips[id(c)] = _host(c.client)
+        return ip
+
+    def _server_ip(self, c: Connection) -> str:
+        key = -id(c)
+        ip = self._ips.get(key)
+        if ip is None:
+            ip = self._ips[key] = _host(c.server)
+        return ip
 
     @staticmethod
     def _contains(p: Node, u: Node) -> bool:
@@ -681,7 +698,7 @@ class _Linker:
             if (pr.response_bytes is not None and ur.response_bytes is not None
                     and not pr.sse_events and pr.response_bytes != ur.response_bytes):
                 base += _SIZE_PENALTY_MS
-        address = _host(u.conn.client) == _host(p.conn.server)
+        address = self._client_ip(u.conn) == self._server_ip(p.conn)
         if address:
             base -= _ADDRESS_BONUS_MS
         so = (ur.ts_ns - pr.ts_ns) / 1e6
