@@ -63,21 +63,62 @@ LAB_MODULES = ("redis", "xxhash", "httpx", "h2", "hypercorn")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(5, 3600), default=60.0,
               show_default=True, help="Hard limit for the whole run, in seconds.")
+@click.option("--upstream-pool/--no-upstream-pool", default=False, show_default=True,
+              help="The router keeps pooled keep-alive connections to each origin, shared "
+                   "by concurrent requests (HTTP/2: one multiplexed connection per origin; "
+                   "HTTP/1.1: one request at a time per connection, a new one only when all "
+                   "are busy). Off: a new connection per request.")
+@click.option("--upstream-max-connections", type=click.IntRange(1, 1000), default=64,
+              show_default=True,
+              help="Cap of each HTTP/1.1 upstream pool (edge->router, router->origin); "
+                   "requests wait for a free connection beyond it.")
+@click.option("--upstream-source", type=click.Choice(["own", "loopback"]), default="own",
+              show_default=True,
+              help="Where the edge and the router connect upstream from (Redis included): "
+                   "their own addresses (127.0.0.10, 127.0.0.11), or 127.0.0.1 with an "
+                   "ephemeral port, as nginx or Envoy connect from the host's address.")
+@click.option("--router-protocol", type=click.Choice(["h2c", "http1"]), default="h2c",
+              show_default=True,
+              help="Edge->router: one pooled cleartext HTTP/2 connection (h2c), or a pool "
+                   "of cleartext HTTP/1.1 keep-alive connections (one request at a time "
+                   "each, so concurrency opens several).")
+@click.option("--origin-protocol", type=click.Choice(["h2", "http1"]), default="h2",
+              show_default=True,
+              help="Router->ROC origins over TLS: HTTP/2, or HTTP/1.1 (ALPN http/1.1, "
+                   "keep-alive, server-sent events in chunked encoding).")
+@click.option("--request-ids/--no-request-ids", default=True, show_default=True,
+              help="Clients send x-request-id and every hop forwards it. Off: no "
+                   "correlation header anywhere (x-request-id, x-correlation-id, "
+                   "request-id, traceparent), and the router's EVALSHA gets '-' for the id.")
+@click.option("--server-timing/--no-server-timing", default=False, show_default=True,
+              help="The edge adds 'server-timing: edge;dur=<own ms>, upstream;dur=<router "
+                   "ms>' and 'x-envoy-upstream-service-time: <ms>' to its answers.")
+@click.option("--netns/--no-netns", default=None, envvar="NETDIAG_LAB_NETNS",
+              help="Run the whole lab (servers, redis-server, DNS, clients, sniffer) in a "
+                   "fresh network namespace, so it never collides with anything on "
+                   "127.0.0.x and several labs can run at once. Default: when one can be "
+                   "created (root), else in the current namespace, with a note "
+                   "[env NETDIAG_LAB_NETNS].")
 @click.option("--report/--no-report", default=True, show_default=True,
-              help="Print the report on the capture at the end.")
+              help="Print the report on the capture at the end (with the profile the lab "
+                   "wrote).")
 def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins: int,
         dns_delay_ms: float, router_delay_ms: float, think_ms: float,
         roc_think_ms: float | None, dpf_think_ms: float | None, token_gap_ms: float,
         sse_events: int, sse_share: float, roc_keepalive: bool, dpf_pool: bool,
         max_connections: int, dpf_tls: str, dpf_dns: str, nx_lookup: bool, resume: bool,
-        seed: int, timeout_s: float, report: bool) -> None:
+        seed: int, timeout_s: float, upstream_pool: bool, upstream_max_connections: int,
+        upstream_source: str, router_protocol: str, origin_protocol: str,
+        request_ids: bool, server_timing: bool, netns: bool | None, report: bool) -> None:
     """Run the ROC/DPF lab on loopback, capture it, and report on the capture.
 
     Real servers on 127.0.0.0/8: DNS (127.0.0.53), the ROC edge (127.0.0.10:443),
-    router (127.0.0.11:8080, h2c), Redis token store (127.0.0.12:6379, Debian
-    redis-server) and origins (127.0.0.21..), the DPF origins (127.0.0.31..). ROC
-    clients connect from 127.0.0.2, DPF clients from 127.0.0.3. Needs root on Linux
-    (ports 53 and 443, a raw socket on lo) and redis-server.
+    router (127.0.0.11:8080, h2c or HTTP/1.1), Redis token store (127.0.0.12:6379,
+    Debian redis-server) and origins (127.0.0.21..), the DPF origins (127.0.0.31..).
+    ROC clients connect from 127.0.0.2, DPF clients from 127.0.0.3. The ledger
+    <stem>.expected.json records each client request's true chain of upstream requests
+    (docs/lab.md). Needs root on Linux (ports 53 and 443, a raw socket on lo, a network
+    namespace) and redis-server.
     """
     from netdiag.lab import LabError, LabParams, run_lab
     from netdiag.lab.redis_store import find_redis_server
@@ -100,15 +141,23 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         sse_events=sse_events, sse_share=sse_share, roc_keepalive=roc_keepalive,
         dpf_pool=dpf_pool, max_connections=max_connections, dpf_tls=dpf_tls,
         dpf_dns_transport=dpf_dns, nx_lookup=nx_lookup, roc_resume=resume, seed=seed,
-        timeout_s=timeout_s)
+        timeout_s=timeout_s, upstream_pool=upstream_pool,
+        upstream_max_connections=upstream_max_connections, upstream_source=upstream_source,
+        router_protocol=router_protocol, origin_protocol=origin_protocol,
+        request_ids=request_ids, server_timing=server_timing, netns=netns)
     err = stderr_console()
     err.print(f"netdiag lab: running {requests} requests per path "
               f"(concurrency {concurrency}) ...", highlight=False)
-    with _watchdog(timeout_s + 20):
+    with _watchdog(timeout_s + 60):
         result = run_lab(out, params, keylog=keylog)
+    note = (result.get("netns") or {}).get("note")
+    if note:
+        err.print(f"[yellow]note:[/] the lab ran {note}", highlight=False)
     _summary(out, result)
     if report:
-        _report(out)
+        from netdiag.lab.lab import sibling
+
+        _report(out, sibling(out, ".paths.toml"))
 
 
 @contextlib.contextmanager
@@ -147,7 +196,7 @@ def _summary(out: Path, result: dict[str, Any]) -> None:
     console.print(f"[bold]netdiag lab[/] wrote {', '.join(files)}\n"
                   f"{result['packets']:,} packets, {size:,} bytes, TLS keys embedded; "
                   f"{result['duration_s']:.1f} s", highlight=False)
-    found = recover(out, result["delays_ms"])
+    found = recover(out, result["delays_ms"], result.get("chains"))
     t = Table(title="Paths (the driver's ledger / the capture)", title_justify="left")
     for col in ("path", "requests", "statuses", "connections", "reuse", "TTFB p50"):
         t.add_column(col, justify="left" if col in ("path", "statuses") else "right")
@@ -161,11 +210,17 @@ def _summary(out: Path, result: dict[str, Any]) -> None:
     console.print(t)
     hops = found["hops"]
     router = result["router"]
+    p = result["params"]
+    to_router = "HTTP/1.1" if p.get("router_protocol") == "http1" else "h2c"
+    to_origin = "HTTP/1.1" if p.get("origin_protocol") == "http1" else "HTTP/2"
+    kind = "pooled" if p.get("upstream_pool") else "new"
+    source = " from 127.0.0.1" if p.get("upstream_source") == "loopback" else ""
     console.print(
-        f"ROC behind the edge: {hops['edge_router']['connections']} pooled h2c connection(s) "
-        f"edge->router carrying {hops['edge_router']['requests']} requests; "
-        f"{router['upstream_connections']} new TLS connections router->origin "
-        f"({hops['router_origin']['connections']} in the capture); "
+        f"ROC behind the edge{source}: {hops['edge_router']['connections']} pooled "
+        f"{to_router} connection(s) edge->router carrying {hops['edge_router']['requests']} "
+        f"requests; {router['upstream_connections']} {kind} TLS + {to_origin} connection(s) "
+        f"router->origin carrying {hops['router_origin']['requests']} requests "
+        f"({hops['router_origin']['connections']} connections in the capture); "
         f"{router['redis_commands']} EVALSHA to Redis ({hops['token_store']['evalsha']} in "
         f"the capture, median {_ms(hops['token_store']['latency_ms'])})", highlight=False)
     d = Table(title="Delays: injected / found in the capture (medians)", title_justify="left")
@@ -188,13 +243,21 @@ def _summary(out: Path, result: dict[str, Any]) -> None:
                                f"{errors[0]}", highlight=False)
 
 
-def _report(out: Path) -> None:
+def _report(out: Path, profile_path: Path) -> None:
+    """``netdiag report OUT --profile PROFILE``: the capture, on the paths the lab wrote."""
     from rich.console import Console
 
+    from netdiag.paths.apply import apply_paths
+    from netdiag.paths.profile import load_profile
     from netdiag.pipeline import Options, analyze
     from netdiag.report.records_out import CollectingSink
     from netdiag.report.terminal import render
 
+    profile = load_profile(str(profile_path))
+    options = Options()
     sink = CollectingSink()
-    result = analyze([str(out)], sink, Options())
-    render(result, Console())
+    result = analyze([str(out)], sink, options)
+    doc = sink.document(result)
+    analysis = apply_paths(doc, sink.connections, sink.dns_records, profile,
+                           options.thresholds)
+    render(result, Console(), paths=analysis, connections=sink.connections)

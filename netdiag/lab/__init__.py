@@ -19,15 +19,22 @@ is told to inject are the delays the capture sees:
 
 * DNS ``127.0.0.53:53`` (UDP, TCP): the lab's names, answers held ``dns_delay_ms``;
 * ROC: edge ``127.0.0.10:443`` (TLS 1.3 + HTTP/2, ``api.roc.test``) -> one pooled h2c
-  connection -> router ``127.0.0.11:8080`` -> ``EVALSHA`` of a budget script in
-  ``redis-server`` ``127.0.0.12:6379`` -> ``router_delay_ms`` -> a new TLS + HTTP/2
-  connection per request -> origins ``127.0.0.21..`` (``gpu-N.roc.test``);
+  connection (or pooled HTTP/1.1) -> router ``127.0.0.11:8080`` -> ``EVALSHA`` of a
+  budget script in ``redis-server`` ``127.0.0.12:6379`` -> ``router_delay_ms`` -> a new
+  TLS + HTTP/2 connection per request (or pooled ones, or HTTP/1.1) -> origins
+  ``127.0.0.21..`` (``gpu-N.roc.test``); the proxies connect from their own addresses
+  or from ``127.0.0.1`` (``upstream_source``);
 * DPF: clients pick an origin ``127.0.0.31..`` (``gpu-N.dpf.test``) with
   ``xxh64(model|user|time bucket) % origins`` and connect to it directly;
 * origins answer JSON or server-sent events ``think_ms`` after a request arrived,
   events ``token_gap_ms`` apart;
 * clients (``netdiag.lab.driver``): ROC from ``127.0.0.2``, DPF from ``127.0.0.3``,
   httpx over HTTP/2, the key log written by their ssl context (and the router's).
+
+The ledger's ``chains`` say which upstream requests and token-store calls each client
+request caused, by endpoints and stream ids or ordinals (``netdiag.lab.chains``,
+``docs/lab.md``). :func:`run_lab` runs in a network namespace of its own when it can
+(``netdiag.lab.netns``); :class:`Lab` runs in the caller's.
 
 ``netdiag.lab.recover`` reads a lab capture back with netdiag's pipeline and finds
 each injected delay on the wire. Heavy imports (hypercorn, httpx, h2, dnspython)

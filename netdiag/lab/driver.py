@@ -8,8 +8,8 @@
   (``gpu-N.dpf.test``) is resolved through the lab's DNS (once per name and client).
 * Each path gets ``requests`` requests, ``concurrency`` at a time; a share
   ``sse_share`` of them ask for a streamed answer (``/v1/stream``), the rest for JSON
-  (``/v1/messages``). Every request carries ``x-request-id``, ``x-model`` and
-  ``x-user``; all are ``POST`` with a small JSON body.
+  (``/v1/messages``). Every request carries ``x-model``, ``x-user`` and (unless
+  ``request_ids`` is off) ``x-request-id``; all are ``POST`` with a small JSON body.
 * Every TLS secret goes to the key log (the clients' ``ssl`` context ``keylog_filename``).
 
 The ledger records, per request, what the client saw (status, stream id, local
@@ -38,7 +38,9 @@ from netdiag.lab.errors import LabError
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 TLS_NAMES = {"TLSv1.3": "TLS 1.3", "TLSv1.2": "TLS 1.2", "TLSv1.1": "TLS 1.1", "TLSv1": "TLS 1.0"}
-HOP_HEADERS = ("server", "x-origin", "via", "x-router", "x-request-id")
+HOP_HEADERS = ("server", "x-origin", "via", "x-router", "x-request-id", "server-timing",
+               "x-envoy-upstream-service-time")
+"""Response headers the ledger keeps per request (None when absent)."""
 
 
 def dpf_pick(model: str, user: str, bucket: int, origins: int) -> int:
@@ -50,11 +52,18 @@ def dpf_pick(model: str, user: str, bucket: int, origins: int) -> int:
 
 @dataclass
 class PlannedRequest:
+    """One request of the plan."""
+
     rid: str
-    path: str  # "ROC" or "DPF"
+    """The lab's id (``roc-0001``): sent as ``x-request-id`` unless ids are off."""
+    path: str
+    """``ROC`` or ``DPF``."""
     sse: bool
+    """Asks for a streamed answer (``/v1/stream``)."""
     model: str
+    """``x-model`` and the body's model."""
     user: str
+    """``x-user``."""
 
     @property
     def url_path(self) -> str:
@@ -84,9 +93,13 @@ class Ledger:
     """What the clients actually did."""
 
     dns: list[dict[str, Any]] = field(default_factory=list)
+    """Every DNS query and its answer."""
     connections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Client connections by local endpoint, with their TLS facts and requests."""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    """Every request: what the client sent and saw."""
     errors: list[str] = field(default_factory=list)
+    """Requests that failed, one line each."""
 
     def connection(self, path: str, client: str, server: str, sni: str,
                    ssl_object: Any) -> dict[str, Any]:
@@ -170,9 +183,11 @@ class Driver:
     async def _request(self, client: Any, req: PlannedRequest, ip: str, port: int,
                        name: str, extra: dict[str, Any] | None = None) -> None:
         authority = name if port == 443 else f"{name}:{port}"
-        headers = {"host": authority, "user-agent": self.p.user_agent, "x-request-id": req.rid,
-                   "x-model": req.model, "x-user": req.user,
-                   "accept": "text/event-stream" if req.sse else "application/json"}
+        headers = {"host": authority, "user-agent": self.p.user_agent}
+        if self.p.request_ids:
+            headers["x-request-id"] = req.rid
+        headers.update({"x-model": req.model, "x-user": req.user,
+                        "accept": "text/event-stream" if req.sse else "application/json"})
         url = f"https://{ip}:{port}{req.url_path}"
         started = time.perf_counter()
         record: dict[str, Any] = {"request_id": req.rid, "path": req.path,
@@ -297,8 +312,11 @@ class Driver:
         ip = self._dns_cache_result(P.ROC_CLIENT_IP, P.EDGE_NAME) or P.EDGE_IP
         rid = "roc-resumed"
         rec, req = h2_get_resumed(self.ctx, ip, P.EDGE_PORT, P.EDGE_NAME, P.ROC_CLIENT_IP,
-                                  session, rid, self.p.client_timeout_s, self.p.user_agent)
+                                  session, rid if self.p.request_ids else None,
+                                  self.p.client_timeout_s, self.p.user_agent)
         rec["path"] = "ROC"
+        for entry in rec["requests"]:
+            entry["request_id"] = rid  # the lab's id, also when none went on the wire
         if not rec["resumed"]:
             raise LabError("the TLS 1.3 resumption attempt did a full handshake")
         self.ledger.connections[rec["client"]] = rec

@@ -66,6 +66,8 @@ class Exchange:
         loop = asyncio.get_running_loop()
         self.conn = conn
         self.stream_id = stream_id
+        self.ordinal: int | None = None
+        """HTTP/1.1 requests count; HTTP/2 ones have a stream id."""
         self.on_headers = on_headers
         self.headers: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
         self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
@@ -234,6 +236,7 @@ class H2ClientConnection(asyncio.Protocol):
         ex = self.exchanges.pop(stream_id, None)
         if ex is not None:
             ex.chunks.put_nowait(None)
+        self._window.set()  # a stream slot may be free again
 
     def _fail_all(self, exc: BaseException) -> None:
         self.closed = True
@@ -258,9 +261,13 @@ class H2ClientConnection(asyncio.Protocol):
         """
         if self.closed:
             raise UpstreamError("the connection is closed")
-        sid = self.conn.get_next_available_stream_id()
+        try:
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, headers, end_stream=end_stream)
+        except (h2.exceptions.TooManyStreamsError, h2.exceptions.NoAvailableStreamIDError,
+                h2.exceptions.ProtocolError) as exc:
+            raise UpstreamError(f"cannot start a stream: {exc!r}") from exc
         ex = self.exchanges[sid] = Exchange(self, sid, on_headers)
-        self.conn.send_headers(sid, headers, end_stream=end_stream)
         if flush:
             self.flush()
         return ex
@@ -287,6 +294,25 @@ class H2ClientConnection(asyncio.Protocol):
             self.send_data(ex.stream_id, body)
         return ex
 
+    @property
+    def in_flight(self) -> int:
+        """Streams open on the connection."""
+        return len(self.exchanges)
+
+    async def stream_slot(self) -> None:
+        """Wait until the server's ``SETTINGS_MAX_CONCURRENT_STREAMS`` allows one more
+        stream (a pooled connection shared by more requests than that)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while (not self.closed and self.conn.open_outbound_streams
+               >= self.conn.remote_settings.max_concurrent_streams):
+            self._window.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise UpstreamError("no free stream on the upstream connection in time")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._window.wait(), left)
+
     async def close(self) -> None:
         """GOAWAY, then wait for the server to close first, then close."""
         self.closed = True
@@ -298,3 +324,62 @@ class H2ClientConnection(asyncio.Protocol):
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self._lost), min(self.timeout, 2.0))
         self.transport.close()
+
+
+class H2Pool:
+    """One shared, multiplexed HTTP/2 connection to a server, opened on first use.
+
+    Concurrent callers share the connection being opened; a new one is opened when
+    the server closed (or sent GOAWAY on) the last. ``on_open(conn)`` is called for
+    every connection opened.
+    """
+
+    def __init__(self, ip: str, port: int, sni: str | None, ctx: ssl.SSLContext | None,
+                 source_ip: str, timeout: float,
+                 on_open: Callable[[H2ClientConnection], None] | None = None) -> None:
+        self.ip = ip
+        self.port = port
+        self.sni = sni
+        self.ctx = ctx
+        self.source_ip = source_ip
+        self.timeout = timeout
+        self.on_open = on_open
+        self.conn: H2ClientConnection | None = None
+        self._opening: asyncio.Future[H2ClientConnection] | None = None
+        self._old: list[H2ClientConnection] = []
+
+    async def get(self) -> H2ClientConnection:
+        """The pooled connection (opened now if there is none)."""
+        if self.conn is not None and not self.conn.closed:
+            return self.conn
+        if self._opening is not None:
+            return await asyncio.shield(self._opening)
+        if self.conn is not None:
+            self._old.append(self.conn)
+            self.conn = None
+        fut: asyncio.Future[H2ClientConnection] = asyncio.get_running_loop().create_future()
+        self._opening = fut
+        try:
+            try:
+                sock = bound_socket(self.source_ip)
+            except OSError as exc:
+                raise UpstreamError(f"cannot bind {self.source_ip}: {exc}") from exc
+            conn = await H2ClientConnection.open(self.ip, self.port, self.sni, self.ctx,
+                                                 sock, self.timeout)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" noise
+            raise
+        finally:
+            self._opening = None
+        self.conn = conn
+        if self.on_open is not None:
+            self.on_open(conn)
+        fut.set_result(conn)
+        return conn
+
+    async def close(self) -> None:
+        """Close the pooled connection (GOAWAY; the server closes first)."""
+        conns = [c for c in (*self._old, self.conn) if c is not None]
+        self.conn, self._old = None, []
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)

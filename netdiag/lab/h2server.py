@@ -43,6 +43,18 @@ class Stream:
         self._body = bytearray()
         self._ended = asyncio.Event()
         self.gone = False
+        self.wall_headers = 0
+        """Wall clock (ns) at which the HEADERS frame was read."""
+
+    @property
+    def stream_id(self) -> int:
+        """The HTTP/2 stream id."""
+        return self.id
+
+    @property
+    def ordinal(self) -> int | None:
+        """HTTP/1.1 requests have an ordinal; HTTP/2 ones a stream id."""
+        return None
 
     def header(self, name: str) -> str | None:
         for k, v in self.headers:
@@ -263,7 +275,7 @@ async def start_h2_server(handler: Handler, socks: list[socket.socket],
     loop = asyncio.get_running_loop()
     connections: set[H2ServerProtocol] = set()
     servers = [await loop.create_server(lambda: H2ServerProtocol(handler, connections),
-                                        sock=sock, ssl=ssl_context)
+                                        sock=sock, ssl=ssl_context, backlog=1024)
                for sock in socks]
     return servers, connections
 

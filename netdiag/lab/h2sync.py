@@ -18,13 +18,16 @@ import h2.events
 from netdiag.lab.errors import LabError
 
 TLS_NAMES = {"TLSv1.3": "TLS 1.3", "TLSv1.2": "TLS 1.2"}
+HOP_HEADERS = ("server", "x-origin", "via", "x-router", "x-request-id", "server-timing",
+               "x-envoy-upstream-service-time")
 
 
 def h2_get_resumed(ctx: ssl.SSLContext, ip: str, port: int, name: str, source: str,
-                   session: ssl.SSLSession, request_id: str, timeout: float,
+                   session: ssl.SSLSession, request_id: str | None, timeout: float,
                    user_agent: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GET /v1/messages`` on a fresh connection resuming ``session``.
 
+    ``request_id`` None sends no ``x-request-id``.
     Returns (connection record, request record). The client sends GOAWAY and lets the
     server close first, reading to EOF: closing with its answer unread would make the
     kernel answer with a RST.
@@ -54,10 +57,12 @@ def h2_get_resumed(ctx: ssl.SSLContext, ip: str, port: int, name: str, source: s
         tls.sendall(conn.data_to_send())
         sid = conn.get_next_available_stream_id()
         authority = name if port == 443 else f"{name}:{port}"
-        conn.send_headers(sid, [
-            (":method", "GET"), (":scheme", "https"), (":authority", authority),
-            (":path", "/v1/messages"), ("accept", "application/json"),
-            ("user-agent", user_agent), ("x-request-id", request_id)], end_stream=True)
+        headers = [(":method", "GET"), (":scheme", "https"), (":authority", authority),
+                   (":path", "/v1/messages"), ("accept", "application/json"),
+                   ("user-agent", user_agent)]
+        if request_id is not None:  # None: no correlation header on the wire
+            headers.append(("x-request-id", request_id))
+        conn.send_headers(sid, headers, end_stream=True)
         tls.sendall(conn.data_to_send())
         status: int | None = None
         headers: dict[str, str] = {}
@@ -86,7 +91,6 @@ def h2_get_resumed(ctx: ssl.SSLContext, ip: str, port: int, name: str, source: s
                 pass
     req = {"method": "GET", "path": "/v1/messages", "status": status, "stream_id": sid,
            "request_id": request_id,
-           "headers": {h: headers.get(h) for h in ("server", "x-origin", "via", "x-router",
-                                                   "x-request-id")}}
+           "headers": {h: headers.get(h) for h in HOP_HEADERS}}
     rec["requests"].append({k: v for k, v in req.items() if k != "headers"})
     return rec, req

@@ -11,7 +11,10 @@
     result = run_lab(Path("captures/antho.pcapng"), LabParams())  # all of the above,
     # plus <stem>.paths.toml and <stem>.expected.json beside the capture
 
-Everything is bounded in time (``LabParams.timeout_s``) and torn down on any exit:
+``Lab`` binds the lab's addresses in the caller's network namespace; ``run_lab`` runs
+the whole lab in a namespace of its own when it can (``LabParams.netns``,
+``netdiag.lab.netns``). Everything is bounded in time (``LabParams.timeout_s``) and
+torn down on any exit:
 the servers' thread joined, the sniffer stopped, ``redis-server`` terminated (and
 killed by the kernel should this process die first), temporary files removed.
 """
@@ -291,11 +294,16 @@ class Lab:
     def _ledger(self, driver: Any, elapsed: float) -> dict[str, Any]:
         from collections import Counter
 
+        from netdiag.lab.chains import build_chains
         from netdiag.lab.driver import summarize
 
         led = driver.ledger
         router = self.servers.stats("router")
         edge = self.servers.stats("edge")
+        origin_log = [x for role in ("roc-origins", "dpf-origins")
+                      for x in self.servers.stats(role)["log"]]
+        chains, problems = build_chains(led.requests, edge.pop("log"), router.pop("log"),
+                                        origin_log)
         conns = list(led.connections.values())
         for c in conns:
             c["requests"].sort(key=lambda r: r["stream_id"] or 0)
@@ -334,24 +342,33 @@ class Lab:
                 "router_redis": len(router["redis_clients"]),
                 "dns": sum(1 for d in led.dns if d["transport"] == "tcp")},
             "sse_streams": sum(1 for r in led.requests if r["kind"] == "sse"),
-            "errors": led.errors,
+            "errors": led.errors + [f"chain: {x}" for x in problems],
             "dns_log": led.dns,
             "connection_log": conns,
             "request_log": requests,
+            "chains": chains,
         }
 
     def describe(self) -> dict[str, Any]:
-        """The lab's servers: names, addresses, protocols."""
+        """The lab's servers: names, addresses, protocols, and how the proxies connect."""
         p = self.params
         dpf_tls = "TLS 1.2" if p.dpf_tls == "1.2" else "TLS 1.3"
+        router_proto = "http/1.1" if p.router_protocol == "http1" else "h2c"
+        origin_proto = "http/1.1" if p.origin_protocol == "http1" else "h2"
         return {
             "dns": {"address": f"{P.DNS_IP}:{P.DNS_PORT}", "transports": ["udp", "tcp"]},
             "edge": {"name": P.EDGE_NAME, "address": f"{P.EDGE_IP}:{P.EDGE_PORT}",
-                     "tls": "TLS 1.3", "protocol": "h2"},
-            "router": {"address": f"{P.ROUTER_IP}:{P.ROUTER_PORT}", "protocol": "h2c"},
+                     "tls": "TLS 1.3", "protocol": "h2",
+                     "upstream": {"protocol": router_proto, "pooled": True,
+                                  "source": p.source_ip(P.EDGE_IP),
+                                  "server_timing": p.server_timing}},
+            "router": {"address": f"{P.ROUTER_IP}:{P.ROUTER_PORT}", "protocol": router_proto,
+                       "upstream": {"protocol": origin_proto, "pooled": p.upstream_pool,
+                                    "source": p.source_ip(P.ROUTER_IP)}},
             "token_store": {"address": f"{P.REDIS_IP}:{P.REDIS_PORT}",
                             "software": f"redis-server {_redis_version() or '?'}"},
-            "roc_origins": [{"name": n, "address": f"{ip}:{P.ORIGIN_PORT}", "tls": "TLS 1.3"}
+            "roc_origins": [{"name": n, "address": f"{ip}:{P.ORIGIN_PORT}", "tls": "TLS 1.3",
+                             "protocols": ["h2", "http/1.1"]}
                             for ip, n in self.topology.roc_origins],
             "dpf_origins": [{"name": n, "address": f"{ip}:{P.ORIGIN_PORT}", "tls": dpf_tls}
                             for ip, n in self.topology.dpf_origins],
@@ -371,10 +388,32 @@ def run_lab(out: Path, params: P.LabParams | None = None, *, keylog: Path | None
     Writes ``out`` (pcapng with the TLS keys embedded), ``<stem>.paths.toml`` and
     ``<stem>.expected.json``; with ``keylog``, the key log there too. Returns the
     ledger (the content of ``<stem>.expected.json``).
+
+    ``params.netns`` True runs it all in a fresh network namespace
+    (``netdiag.lab.netns``), False in the current one, None in a namespace when one can
+    be created (root), else here; the ledger's ``netns`` says which, with a note.
     """
+    p = params or P.LabParams()
+    note = None
+    if p.netns is None or p.netns:
+        from netdiag.lab.netns import netns_unavailable, run_in_netns
+
+        why = netns_unavailable()
+        if why is None:
+            return run_in_netns(Path(out), p, keylog)
+        if p.netns:
+            raise LabError(f"cannot run the lab in a network namespace: {why}")
+        note = f"not in a network namespace of its own ({why})"
+    return run_lab_here(Path(out), p, keylog=keylog, netns={"used": False, "note": note})
+
+
+def run_lab_here(out: Path, params: P.LabParams, *, keylog: Path | None = None,
+                 netns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`run_lab` in the current network namespace (``netns``: what the ledger
+    says about namespaces)."""
     from netdiag.lab.profile import profile_toml
 
-    p = params or P.LabParams()
+    p = params
     out = Path(out)
     started = time.monotonic()
     with Lab(p) as lab:
@@ -394,7 +433,7 @@ def run_lab(out: Path, params: P.LabParams | None = None, *, keylog: Path | None
     ledger["router"]["redis_server_calls"] = store
     ledger["capture_drops"] = lab.capture_drops
     profile = sibling(out, ".paths.toml")
-    profile.write_text(profile_toml(p.origins))
+    profile.write_text(profile_toml(p.origins, params=p))
     result = {
         "capture": out.name,
         "keylog": keylog.name if keylog is not None else None,
@@ -402,6 +441,7 @@ def run_lab(out: Path, params: P.LabParams | None = None, *, keylog: Path | None
         "packets": n_packets,
         "duration_s": round(time.monotonic() - started, 3),
         "params": p.to_json(),
+        "netns": netns or {"used": False, "note": None},
         "delays_ms": {"dns": p.dns_delay_ms, "router": p.router_delay_ms,
                       "roc_think": p.roc_think, "dpf_think": p.dpf_think,
                       "token_gap": p.token_gap_ms},
@@ -410,6 +450,3 @@ def run_lab(out: Path, params: P.LabParams | None = None, *, keylog: Path | None
     }
     sibling(out, ".expected.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-

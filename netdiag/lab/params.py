@@ -15,6 +15,13 @@ ROC_CLIENT_IP = "127.0.0.2"
 DPF_CLIENT_IP = "127.0.0.3"
 ORIGIN_PORT = 443
 NX_NAME = "api.nowhere.test"
+LOOPBACK_SOURCE_IP = "127.0.0.1"
+"""Where every proxy connects from with ``upstream_source="loopback"``."""
+UPSTREAM_SOURCES = ("own", "loopback")
+ROUTER_PROTOCOLS = ("h2c", "http1")
+ORIGIN_PROTOCOLS = ("h2", "http1")
+CORRELATION_HEADERS = ("x-request-id", "x-correlation-id", "request-id", "traceparent")
+"""Headers that tie a request to its hops; none of them is sent with ``request_ids=False``."""
 MAX_ORIGINS = 9
 """Origins per path: ROC ``127.0.0.21..29``, DPF ``127.0.0.31..39``."""
 
@@ -99,6 +106,40 @@ class LabParams:
     """Hard limit of a whole run (start, drive, stop)."""
     settle_ms: float = 300.0
     """Wait after the load so the last FIN/ACKs reach the capture."""
+    upstream_pool: bool = False
+    """The ROC router keeps pooled keep-alive connections to each origin, shared by
+    concurrent requests (HTTP/2: one multiplexed connection per origin; HTTP/1.1: a
+    pool of connections, each carrying one request at a time, a new one opened only
+    when all are busy, at most ``upstream_max_connections``). Off: a new connection
+    per request."""
+    upstream_max_connections: int = 64
+    """Cap of every HTTP/1.1 upstream pool (the edge's to the router, the router's to
+    each origin); a request waits for a free connection beyond it."""
+    upstream_source: str = "own"
+    """Where the proxies connect upstream from: ``own`` (the edge from ``127.0.0.10``,
+    the router from ``127.0.0.11``, Redis included) or ``loopback`` (every proxy from
+    ``127.0.0.1``, an ephemeral port, as nginx or Envoy connect from the host's
+    address)."""
+    router_protocol: str = "h2c"
+    """Edge -> router: ``h2c`` (one pooled cleartext HTTP/2 connection, prior
+    knowledge) or ``http1`` (a pool of cleartext HTTP/1.1 keep-alive connections, one
+    request at a time each, so concurrency opens several)."""
+    origin_protocol: str = "h2"
+    """Router -> ROC origins over TLS: ``h2`` or ``http1`` (ALPN ``http/1.1``, keep-alive,
+    server-sent events in chunked encoding)."""
+    request_ids: bool = True
+    """Clients send ``x-request-id`` and every hop forwards (origins echo) it. Off: no
+    correlation header anywhere (no ``x-request-id``, ``x-correlation-id``,
+    ``request-id`` or ``traceparent``), and the router's ``EVALSHA`` gets ``-`` for the id."""
+    server_timing: bool = False
+    """The edge adds ``server-timing: edge;dur=<own ms>, upstream;dur=<router ms>`` and
+    ``x-envoy-upstream-service-time: <whole ms>`` to each answer, measured on its own
+    clock from forwarding the request to reading the router's response headers."""
+    netns: bool | None = None
+    """``run_lab`` runs the whole lab (servers, redis-server, DNS, clients, sniffer) in a
+    fresh network namespace with only ``lo`` up, so it never collides with anything on
+    ``127.0.0.x`` and several labs can run at once. None: when root and a namespace can
+    be created, else in the current namespace (the ledger's ``netns`` says which)."""
 
     def __post_init__(self) -> None:
         if self.requests < 0:
@@ -127,6 +168,18 @@ class LabParams:
             raise ValueError("models must not be empty")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
+        if self.upstream_max_connections < 1:
+            raise ValueError("upstream_max_connections must be >= 1")
+        if self.upstream_source not in UPSTREAM_SOURCES:
+            raise ValueError(f"upstream_source must be one of {', '.join(UPSTREAM_SOURCES)}")
+        if self.router_protocol not in ROUTER_PROTOCOLS:
+            raise ValueError(f"router_protocol must be one of {', '.join(ROUTER_PROTOCOLS)}")
+        if self.origin_protocol not in ORIGIN_PROTOCOLS:
+            raise ValueError(f"origin_protocol must be one of {', '.join(ORIGIN_PROTOCOLS)}")
+
+    def source_ip(self, own: str) -> str:
+        """The address a proxy whose own address is ``own`` connects upstream from."""
+        return LOOPBACK_SOURCE_IP if self.upstream_source == "loopback" else own
 
     @property
     def roc_think(self) -> float:

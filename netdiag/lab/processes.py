@@ -32,6 +32,7 @@ class ServerProcess:
         self.cfg = cfg
         self.log = logdir / f"{role}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._buf = bytearray()
 
     def launch(self) -> None:
         env = dict(os.environ)
@@ -55,16 +56,24 @@ class ServerProcess:
             raise LabError(f"the lab's {self.role} process is gone{self._why()}") from exc
 
     def _read(self, timeout: float) -> dict[str, Any]:
+        """The child's next answer line (read in large chunks: a ``stats`` answer with
+        the hop logs of a long run is megabytes)."""
         assert self.proc is not None and self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
-        if not ready:
-            raise LabError(f"the lab's {self.role} process did not answer within "
-                           f"{timeout:.0f} s{self._why()}")
-        line = self.proc.stdout.readline()
-        if not line:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(2)
-            raise LabError(f"the lab's {self.role} process exited{self._why()}")
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                raise LabError(f"the lab's {self.role} process did not answer within "
+                               f"{timeout:.0f} s{self._why()}")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(2)
+                raise LabError(f"the lab's {self.role} process exited{self._why()}")
+            self._buf += chunk
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
         reply: dict[str, Any] = json.loads(line)
         if "error" in reply:
             raise LabError(str(reply["error"]))

@@ -9,12 +9,13 @@ TTFB, and to recover each injected delay from the wire:
 * origin think time: the median TTFB at the origins (DPF: client -> origin; ROC:
   router -> origin);
 * token gap: the median gap between SSE events at the DPF origins;
-* router delay, per ROC request matched by ``x-request-id`` across the hops: the
-  edge -> router request's TTFB minus the router's Redis command latency (the
-  ``EVALSHA`` carrying the same request id) minus the router -> origin exchange
-  (from the upstream SYN to the origin's first response byte: TCP + TLS setup +
-  origin TTFB). What remains is the router's own time: its coordination delay plus
-  its processing.
+* router delay, per ROC request matched across the hops by the ledger's chains
+  (endpoints and stream ids or ordinals) or else by ``x-request-id``: the edge ->
+  router request's TTFB minus the router's Redis command latency (its ``EVALSHA``)
+  minus the router -> origin exchange (from the upstream SYN, on a connection opened
+  for the request, or from the request on a pooled one, to the origin's first
+  response byte). What remains is the router's own time: its coordination delay
+  plus its processing.
 
 netdiag's RESP analyzer times each Redis command but keeps only its first key, and
 the request id is the script's last argument: so the commands are cut from the TCP
@@ -135,11 +136,66 @@ def _path_figures(conns: list[Connection]) -> dict[str, Any]:
             "estimated": any(r.estimated for c in conns for r in c.requests)}
 
 
-def recover(capture: Path, delays: dict[str, float] | None = None) -> dict[str, Any]:
+def _exchange_start(uc: Connection, index: int, ur: Any, parent_ts: int) -> int | None:
+    """When the router's upstream exchange began: the SYN of a connection opened for
+    this request, else the request itself (a pooled connection)."""
+    if index == 0 and uc.syn_ns is not None and uc.syn_ns > parent_ts:
+        return uc.syn_ns
+    return int(ur.ts_ns)
+
+
+def _router_own_by_chains(conns: list[Connection], commands: list[dict[str, Any]],
+                          chains: list[dict[str, Any]]) -> list[float]:
+    """The router's own time per ROC request, the hops joined by the ledger's chains
+    (endpoints and stream ids or ordinals: no header needed)."""
+    by_key: dict[tuple[str, str, int | None, int | None], tuple[Connection, int, Any]] = {}
+    for c in conns:
+        for i, r in enumerate(c.requests):
+            sid = r.stream_id
+            by_key[(c.client, c.server, sid, None if sid is not None else i)] = (c, i, r)
+    per_client: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for cmd in commands:
+        per_client[cmd["client"]].append(cmd)
+    own: list[float] = []
+    for chain in chains:
+        if chain.get("path") != "ROC":
+            continue
+        ups = chain.get("upstream") or []
+        for n, hop in enumerate(ups, 1):
+            if hop["hop"] != "router":
+                continue
+            kids = [u for u in ups if u.get("parent") == n]
+            store = next((u for u in kids if u["hop"] == "token-store"), None)
+            origin = next((u for u in kids if u["hop"] == "origin"), None)
+            found = by_key.get((hop["client"], hop["server"], hop["stream_id"], hop["ordinal"]))
+            if found is None or store is None or origin is None:
+                continue
+            _c, _i, r = found
+            up = by_key.get((origin["client"], origin["server"], origin["stream_id"],
+                             origin["ordinal"]))
+            cmds = per_client.get(store["client"], [])
+            k = store["ordinal"]
+            if up is None or k is None or k >= len(cmds) or r.first_byte_ns is None:
+                continue
+            cmd = cmds[k]
+            uc, ui, ur = up
+            start = _exchange_start(uc, ui, ur, r.ts_ns)
+            if cmd["latency_ns"] is None or ur.first_byte_ns is None or start is None:
+                continue
+            value = ((r.first_byte_ns - r.ts_ns) - cmd["latency_ns"]
+                     - (ur.first_byte_ns - start))
+            own.append(value / NS_PER_MS)
+    return own
+
+
+def recover(capture: Path, delays: dict[str, float] | None = None,
+            chains: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per-path figures and the delays found, from ``capture`` alone.
 
     ``delays`` (the ledger's ``delays_ms``) only adds the injected values next to the
-    found ones.
+    found ones. ``chains`` (the ledger's) joins the router's requests to their
+    token-store call and origin request by endpoints and stream ids or ordinals;
+    without them, by ``x-request-id`` (which a run with ``request_ids`` off lacks).
     """
     from netdiag.pipeline import Options, analyze
 
@@ -151,7 +207,10 @@ def recover(capture: Path, delays: dict[str, float] | None = None) -> dict[str, 
     roc = [c for c in conns if _ip(c.client) == P.ROC_CLIENT_IP and _ip(c.server) == P.EDGE_IP]
     dpf = [c for c in conns if _ip(c.client) == P.DPF_CLIENT_IP and _ip(c.server) in dpf_origins]
     hop = [c for c in conns if _ip(c.server) == P.ROUTER_IP and _port(c.server) == P.ROUTER_PORT]
-    upstream = [c for c in conns if _ip(c.client) == P.ROUTER_IP and _ip(c.server) in roc_origins]
+    # the router's origin connections (from 127.0.0.11, or 127.0.0.1 with
+    # upstream_source="loopback"): every connection to a ROC origin
+    upstream = [c for c in conns if _ip(c.server) in roc_origins
+                and _port(c.server) == P.ORIGIN_PORT]
     store = [c for c in conns if _ip(c.server) == P.REDIS_IP]
     commands = redis_commands(capture)
 
@@ -168,7 +227,7 @@ def recover(capture: Path, delays: dict[str, float] | None = None) -> dict[str, 
             cmd_by_rid[cmd["args"][-1]] = cmd
     router_ms: list[float] = []
     matched = 0
-    for c in hop:
+    for c in hop if chains is None else ():
         for r in c.requests:
             rid = _header(r, "x-request-id")
             if not rid or r.first_byte_ns is None:
@@ -182,6 +241,9 @@ def recover(capture: Path, delays: dict[str, float] | None = None) -> dict[str, 
             matched += 1
             own = (r.first_byte_ns - r.ts_ns) - cmd["latency_ns"] - (ur.first_byte_ns - uc.syn_ns)
             router_ms.append(own / NS_PER_MS)
+    if chains is not None:
+        router_ms = _router_own_by_chains(conns, commands, chains)
+        matched = len(router_ms)
 
     def ttfbs(cs: list[Connection]) -> list[float]:
         return [(r.first_byte_ns - r.ts_ns) / NS_PER_MS for c in cs for r in c.requests

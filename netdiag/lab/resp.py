@@ -48,6 +48,19 @@ async def _reply(reader: asyncio.StreamReader) -> Any:
     raise RespError(f"unexpected reply {line[:20]!r}")
 
 
+class _Conn:
+    """One pooled connection and the commands sent on it."""
+
+    __slots__ = ("local", "reader", "sent", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 local: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.local = local
+        self.sent = 0
+
+
 class RespPool:
     """Connections to one Redis server from ``source_ip``; one command per connection."""
 
@@ -56,21 +69,33 @@ class RespPool:
         self.port = port
         self.source_ip = source_ip
         self.timeout = timeout
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._idle: list[_Conn] = []
         self._all: set[asyncio.StreamWriter] = set()
         self.opened: list[str] = []
         """Local endpoint of every connection opened, in order."""
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self) -> _Conn:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(
             self.ip, self.port, local_addr=(self.source_ip, 0)), self.timeout)
         self._all.add(writer)
-        self.opened.append("{}:{}".format(*writer.get_extra_info("sockname")[:2]))
-        return reader, writer
+        local = "{}:{}".format(*writer.get_extra_info("sockname")[:2])
+        self.opened.append(local)
+        return _Conn(reader, writer, local)
 
     async def call(self, *args: Any) -> Any:
+        """Send one command and return its reply."""
+        return (await self.call_traced(*args))[0]
+
+    async def call_traced(self, *args: Any) -> tuple[Any, str, int]:
+        """(reply, local endpoint of the connection used, the command's ordinal on it).
+
+        The ordinal counts the commands sent on that connection from 0, in order; this
+        pool sends nothing else on its connections (no HELLO, no CLIENT SETINFO).
+        """
         conn = self._idle.pop() if self._idle else await self._connect()
-        reader, writer = conn
+        reader, writer = conn.reader, conn.writer
+        ordinal = conn.sent
+        conn.sent += 1
         try:
             writer.write(encode(*args))
             result = await asyncio.wait_for(_reply(reader), self.timeout)
@@ -84,7 +109,7 @@ class RespPool:
             self._drop(writer)
             raise
         self._idle.append(conn)
-        return result
+        return result, conn.local, ordinal
 
     def _drop(self, writer: asyncio.StreamWriter) -> None:
         self._all.discard(writer)

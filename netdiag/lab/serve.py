@@ -54,6 +54,8 @@ class _Role:
         self.edge: Any = None
         self.router: Any = None
         self.apps: list[Any] = []
+        self.cleartext = "h2"
+        """What the role's cleartext listening sockets speak (the router's: h2c or http1)."""
         tcp = socket.SOCK_STREAM
         try:
             if role == "dns":
@@ -61,14 +63,16 @@ class _Role:
                 self.tcp = self._keep(listening_socket(P.DNS_IP, P.DNS_PORT, tcp))
             elif role == "edge":
                 sock = self._keep(listening_socket(P.EDGE_IP, P.EDGE_PORT, tcp))
-                self.edge = Edge(p.client_timeout_s)
+                self.edge = Edge(p)
                 ctx = server_ssl_context(chain, key, tls12_only=False)
                 self.lean.append((self.edge.handle, [sock], ctx))
             elif role == "router":
                 sock = self._keep(listening_socket(P.ROUTER_IP, P.ROUTER_PORT, tcp))
                 ca_pem = Path(cfg["ca"]).read_bytes()
-                self.router = Router(p, client_ssl_context(ca_pem, keylog, alpn=("h2",)))
+                alpn = ("http/1.1",) if p.origin_protocol == "http1" else ("h2",)
+                self.router = Router(p, client_ssl_context(ca_pem, keylog, alpn=alpn))
                 self.lean.append((self.router.handle, [sock], None))
+                self.cleartext = "http1" if p.router_protocol == "http1" else "h2"
             elif role in ("roc-origins", "dpf-origins"):
                 roc = role == "roc-origins"
                 origins = topo.roc_origins if roc else topo.dpf_origins
@@ -100,15 +104,17 @@ class _Role:
         if self.edge is not None:
             e = self.edge.stats
             return {"requests": e.requests, "errors": e.errors,
-                    "router_connections": sorted(e.router_connections)}
+                    "router_connections": sorted(e.router_connections), "log": e.log}
         if self.router is not None:
             r = self.router.stats
             return {"requests": r.requests, "denied": r.denied, "errors": r.errors,
                     "redis_commands": r.redis_commands, "upstream": r.upstream,
-                    "redis_clients": self.router.store.opened[r.store_opened_before:]}
+                    "redis_clients": self.router.store.opened[r.store_opened_before:],
+                    "log": r.log}
         if self.role == "dns":
             return {"served": dict(self.dns.served)}
-        return {"served": {k: v for app in self.apps for k, v in app.served.items()}}
+        return {"served": {k: v for app in self.apps for k, v in app.served.items()},
+                "log": [x for app in self.apps for x in app.log]}
 
     def reset(self) -> None:
         from netdiag.lab.servers import EdgeStats, RouterStats
@@ -117,6 +123,9 @@ class _Role:
             self.edge.stats = EdgeStats()
         if self.router is not None:
             self.router.stats = RouterStats(store_opened_before=len(self.router.store.opened))
+            self.router._conns.clear()
+        for app in self.apps:
+            app.log.clear()
 
     async def close_pools(self) -> None:
         if self.edge is not None:
@@ -135,9 +144,11 @@ class _Role:
             udp_transport, udp_proto = await loop.create_datagram_endpoint(
                 lambda: DnsUdp(self.dns), sock=self.udp)
             dns_tcp = await asyncio.start_server(tcp_client_handler(self.dns), sock=self.tcp)
-        from netdiag.lab.h2server import start_h2_server, stop_h2_server
+        from netdiag.lab.h1 import start_http_server
+        from netdiag.lab.h2server import stop_h2_server
 
-        lean = [await start_h2_server(handler, socks, ctx) for handler, socks, ctx in self.lean]
+        lean = [await start_http_server(handler, socks, ctx, self.cleartext)
+                for handler, socks, ctx in self.lean]
         await asyncio.sleep(0)
         ready()
         try:

@@ -7,20 +7,30 @@ bound before the role reports ready, so a port in use is an error before anythin
 runs and the kernel accepts connections from then on (no readiness race, no
 readiness probes in the capture).
 
-All of them are lean HTTP/2 servers (``netdiag.lab.h2server``): a general-purpose
-ASGI server spends one to three milliseconds of Python per request, which on a small
-machine would blur the delays the lab injects (``netdiag.lab.asgi`` keeps the hypercorn
-origin of the first shipped capture for tests that need HTTP/1.1).
+All of them are lean servers (``netdiag.lab.h2server`` for HTTP/2, ``netdiag.lab.h1``
+for HTTP/1.1): a general-purpose ASGI server spends one to three milliseconds of
+Python per request, which on a small machine would blur the delays the lab injects
+(``netdiag.lab.asgi`` keeps the hypercorn origin of the first shipped capture).
 
 * edge (``api.roc.test``): TLS 1.3 + HTTP/2 for clients; forwards each request to the
-  router over one pooled cleartext HTTP/2 connection (h2c, prior knowledge) from the
-  edge's address, and adds ``via: roc-edge`` to the answer;
-* router: h2c; per request one ``EVALSHA`` of the budget script in Redis, then its
-  coordination time, then a NEW TLS + HTTP/2 connection from the router's address to
-  a ROC origin (round robin); adds ``x-router: roc-router``;
-* origins: TLS + HTTP/2; JSON after a think time, or server-sent events (the first
-  after the think time, then one every token gap); ``server: origin-N``,
-  ``x-origin: gpu-N``; ``x-request-id`` echoed.
+  router over one pooled cleartext HTTP/2 connection (h2c, prior knowledge), or a
+  pool of HTTP/1.1 keep-alive connections (``router_protocol="http1"``), from the
+  edge's address (or ``127.0.0.1``: ``upstream_source="loopback"``); adds
+  ``via: roc-edge`` (and with ``server_timing``, ``server-timing`` and
+  ``x-envoy-upstream-service-time``) to the answer;
+* router: h2c or HTTP/1.1; per request one ``EVALSHA`` of the budget script in Redis,
+  then its coordination time, then a ROC origin (round robin) over a NEW TLS
+  connection per request, or pooled ones (``upstream_pool``), HTTP/2 or HTTP/1.1
+  (``origin_protocol``), from the router's address (or ``127.0.0.1``); adds
+  ``x-router: roc-router``;
+* origins: TLS + HTTP/2 or HTTP/1.1 (by ALPN); JSON after a think time, or server-sent
+  events (the first after the think time, then one every token gap; chunked over
+  HTTP/1.1); ``server: origin-N``, ``x-origin: gpu-N``; ``x-request-id`` echoed when
+  there is one.
+
+Every hop logs what it received and what it sent upstream, by endpoints and stream
+id or ordinal (``inbound_key``, ``outbound_key``): ``netdiag.lab.chains`` joins the
+logs into the ledger's true chains.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Any
 
 from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
+from netdiag.lab.h1 import H1Stream
 from netdiag.lab.h2client import H2ClientConnection, UpstreamError, bound_socket
 from netdiag.lab.h2server import Stream
 from netdiag.lab.redis_store import BUDGET_SCRIPT, budget_key, script_sha
@@ -50,6 +61,10 @@ NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
               "te", "trailer", "host", "content-length", "date"}
 
+LISTEN_BACKLOG = 1024
+"""Listen queue of every lab server (the kernel caps it at ``net.core.somaxconn``)."""
+
+
 def listening_socket(ip: str, port: int, kind: int) -> socket.socket:
     """A bound (and for TCP listening) non-blocking socket with TCP_NODELAY inherited."""
     sock = socket.socket(socket.AF_INET, kind)
@@ -61,7 +76,7 @@ def listening_socket(ip: str, port: int, kind: int) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((ip, port))
         if kind == socket.SOCK_STREAM:
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
@@ -72,46 +87,89 @@ def listening_socket(ip: str, port: int, kind: int) -> socket.socket:
     return sock
 
 
+def endpoint_of(addr: tuple[str, int] | Any) -> str:
+    """``"ip:port"`` of a socket address."""
+    return f"{addr[0]}:{addr[1]}"
+
+
+def inbound_key(stream: Any) -> dict[str, Any]:
+    """How a hop names a request it received: its connection's peer and local endpoints,
+    its HTTP/2 stream id or its 0-based ordinal on an HTTP/1.1 connection."""
+    return {"client": endpoint_of(stream.proto.peer), "server": endpoint_of(stream.local),
+            "stream_id": stream.stream_id, "ordinal": stream.ordinal}
+
+
+def outbound_key(hop: str, conn: Any, server: str, ex: Any) -> dict[str, Any]:
+    """How a hop names a request it sent upstream (``ex``, on connection ``conn``)."""
+    return {"hop": hop, "client": conn.local, "server": server,
+            "stream_id": ex.stream_id, "ordinal": ex.ordinal}
+
+
+def _relayed(resp_headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in resp_headers if k not in HOP_BY_HOP or k == "content-length"]
+
+
 @dataclass
 class EdgeStats:
+    """What the edge did since the last ``reset``."""
+
     requests: int = 0
+    """Requests received from clients."""
     errors: int = 0
+    """Requests the router could not answer (the edge answered 502)."""
     router_connections: set[str] = field(default_factory=set)
+    """Local endpoints of the connections the edge opened to the router."""
+    log: list[dict[str, Any]] = field(default_factory=list)
+    """Per request received: ``inbound_key`` + ``upstream`` (the router request it
+    sent, ``outbound_key``) + ``server_timing`` (the headers it added, or None)."""
 
 
 class Edge:
-    """Terminates the clients' TLS and HTTP/2; forwards to the router over pooled h2c.
+    """Terminates the clients' TLS and HTTP/2; forwards to the router.
 
-    One cleartext HTTP/2 connection from the edge's address to the router carries
-    every request (a new one opens if the router closes it). A request's HEADERS are
-    forwarded the moment they arrive, its body when complete; the router's HEADERS
-    are relayed from the callback that reads them, with ``via: roc-edge`` added.
+    ``router_protocol="h2c"``: one cleartext HTTP/2 connection to the router carries
+    every request (a new one opens if the router closes it); a request's HEADERS are
+    forwarded the moment they arrive, its body when complete. ``"http1"``: a pool of
+    HTTP/1.1 keep-alive connections, one request at a time each (a request is
+    forwarded whole once its body is complete). Either way from the edge's address
+    (``upstream_source="own"``) or ``127.0.0.1``; the router's HEADERS are relayed from
+    the callback that reads them, with ``via: roc-edge`` (and, with ``server_timing``,
+    ``server-timing`` and ``x-envoy-upstream-service-time``) added.
     """
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.stats = EdgeStats()
-        self._conn: H2ClientConnection | None = None
-        self._lock = asyncio.Lock()
+    def __init__(self, p: P.LabParams) -> None:
+        from netdiag.lab.h1 import H1Pool
+        from netdiag.lab.h2client import H2Pool
 
-    async def _router(self) -> H2ClientConnection:
-        async with self._lock:
-            if self._conn is None or self._conn.closed:
-                sock = bound_socket(P.EDGE_IP)
-                self._conn = await H2ClientConnection.open(
-                    P.ROUTER_IP, P.ROUTER_PORT, None, None, sock, self.timeout)
-                self.stats.router_connections.add(self._conn.local)
-            return self._conn
+        self.p = p
+        self.timeout = p.client_timeout_s
+        self.stats = EdgeStats()
+        source = p.source_ip(P.EDGE_IP)
+
+        def opened(conn: Any) -> None:
+            self.stats.router_connections.add(conn.local)
+
+        self.h1: H1Pool | None = None
+        self.h2: H2Pool | None = None
+        if p.router_protocol == "http1":
+            self.h1 = H1Pool(P.ROUTER_IP, P.ROUTER_PORT, None, None, source, self.timeout,
+                             p.upstream_max_connections, opened)
+        else:
+            self.h2 = H2Pool(P.ROUTER_IP, P.ROUTER_PORT, None, None, source, self.timeout,
+                             opened)
 
     async def close_pool(self) -> None:
-        """Close the pooled router connection (a new one opens on the next request)."""
-        async with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.close()
+        """Close the pooled router connections (new ones open on the next request)."""
+        if self.h2 is not None:
+            await self.h2.close()
+        if self.h1 is not None:
+            await self.h1.close()
 
-    async def handle(self, stream: Stream) -> None:
+    async def handle(self, stream: Stream | H1Stream) -> None:
+        loop = asyncio.get_running_loop()
         self.stats.requests += 1
+        entry: dict[str, Any] = {**inbound_key(stream), "upstream": [], "server_timing": None}
+        self.stats.log.append(entry)
         via = [("via", "roc-edge")]
         authority = stream.header(":authority") or P.EDGE_NAME
         headers = [(":method", stream.method), (":scheme", "http"), (":authority", authority),
@@ -119,18 +177,41 @@ class Edge:
         headers += [(k, v) for k, v in stream.headers
                     if not k.startswith(":") and k not in HOP_BY_HOP]
         headers.append(("via", "2 roc-edge"))
+        forwarded: list[float] = []
 
-        def relay(status: int, resp_headers: list[tuple[str, str]], _started: float) -> None:
-            out = [(k, v) for k, v in resp_headers if k not in HOP_BY_HOP or k == "content-length"]
-            stream.send_headers(status, out + via)
+        def relay(status: int, resp_headers: list[tuple[str, str]], started: float) -> None:
+            mine = list(via)
+            if self.p.server_timing and forwarded:
+                upstream_s = started - forwarded[0]
+                own_s = (loop.time() - stream.t_headers) - upstream_s
+                timing = f"edge;dur={own_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}"
+                envoy = str(int(upstream_s * 1000))
+                mine += [("server-timing", timing), ("x-envoy-upstream-service-time", envoy)]
+                entry["server_timing"] = {"server-timing": timing,
+                                          "x-envoy-upstream-service-time": envoy,
+                                          "edge_ms": round(own_s * 1000, 3),
+                                          "upstream_ms": round(upstream_s * 1000, 3)}
+            stream.send_headers(status, _relayed(resp_headers) + mine)
 
-        ex = None
+        ex: Any = None
+        h1conn: Any = None
         try:
-            conn = await self._router()
-            ended = stream.ended
-            ex = conn.start(headers, end_stream=ended, on_headers=relay)
-            if not ended:
-                ex.send_body(await stream.body())
+            if self.h2 is not None:
+                conn = await self.h2.get()
+                await conn.stream_slot()
+                ended = stream.ended
+                forwarded.append(loop.time())
+                ex = conn.start(headers, end_stream=ended, on_headers=relay)
+                if not ended:
+                    ex.send_body(await stream.body())
+            else:
+                assert self.h1 is not None
+                body = await stream.body()
+                conn = h1conn = await self.h1.acquire()
+                forwarded.append(loop.time())
+                ex = conn.start(headers, body, on_headers=relay)
+            entry["upstream"].append(outbound_key("router", conn,
+                                                  f"{P.ROUTER_IP}:{P.ROUTER_PORT}", ex))
             await ex.response()
             async for chunk in ex.body():
                 await stream.send_data(chunk)
@@ -144,28 +225,48 @@ class Edge:
         finally:
             if ex is not None:  # the client went away (or the relay failed) mid-answer
                 ex.cancel()
+            if h1conn is not None and self.h1 is not None:
+                self.h1.release(h1conn)
 
 
 @dataclass
 class RouterStats:
+    """What the router did since the last ``reset``."""
+
     requests: int = 0
+    """Requests received from the edge."""
     denied: int = 0
+    """Requests the token budget refused (429)."""
     errors: int = 0
+    """Requests that failed at the token store (503) or the origin (502)."""
     redis_commands: int = 0
+    """``EVALSHA`` calls attempted."""
     upstream: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per upstream (origin) connection used: client, server, sni,
+    tls_version, protocol, request_id (of its first request), requests."""
     store_opened_before: int = 0
+    """Redis connections opened before the last ``reset`` (not this load's)."""
+    log: list[dict[str, Any]] = field(default_factory=list)
+    """Per request received: ``inbound_key`` + ``request_id`` (the header, or None) +
+    ``upstream``: the token-store call and the origin request it made, in order."""
 
 
 class Router:
-    """Token budget in Redis, coordination time, a new upstream connection per request.
+    """Token budget in Redis, coordination time, then the origin.
 
     ``router_delay_ms`` is the router's own time per request as the wire sees it: from
     the request's arrival to its answer, minus the ``EVALSHA`` round trip and minus the
-    upstream exchange (SYN to the origin's first answer byte). Its Python processing
-    counts inside that budget: it opens the upstream connection at the request's
-    arrival + the Redis round trip + the delay - the time it expects to spend relaying
-    the answer (a running average of what relaying took so far), and relays the
-    origin's HEADERS from the very callback that reads them.
+    upstream exchange (SYN, or the request on a pooled connection, to the origin's
+    first answer byte). Its Python processing counts inside that budget: it sends the
+    upstream request (or opens its connection) at the request's arrival + the Redis
+    round trip + the delay - the time it expects to spend relaying the answer (a
+    running average of what relaying took so far), and relays the origin's HEADERS
+    from the very callback that reads them.
+
+    Upstream, by ``origin_protocol`` and ``upstream_pool``: a new TLS + HTTP/2 (or
+    HTTP/1.1, ``connection: close``) connection per request, or pooled connections per
+    origin (HTTP/2: one, multiplexed; HTTP/1.1: keep-alive, one request at a time each).
+    Origins are taken round robin.
     """
 
     RELAY_PRIOR_S = 0.0003
@@ -179,26 +280,65 @@ class Router:
         self.origins = P.Topology(p.origins).roc_origins
         self._next = 0
         self.relay_s = self.RELAY_PRIOR_S
-        self.store = RespPool(P.REDIS_IP, P.REDIS_PORT, P.ROUTER_IP, p.client_timeout_s)
+        self.source = p.source_ip(P.ROUTER_IP)
+        self.store = RespPool(P.REDIS_IP, P.REDIS_PORT, self.source, p.client_timeout_s)
+        self._pools: dict[str, Any] = {}
+        self._conns: dict[str, dict[str, Any]] = {}
 
     async def close_pool(self) -> None:
-        """Close the Redis connections."""
+        """Close the Redis connections and the pooled origin connections."""
+        pools, self._pools = list(self._pools.values()), {}
+        await asyncio.gather(*(pool.close() for pool in pools), return_exceptions=True)
         await self.store.close()
 
-    async def handle(self, stream: Stream) -> None:
+    def _pool(self, ip: str, sni: str) -> Any:
+        from netdiag.lab.h1 import H1Pool
+        from netdiag.lab.h2client import H2Pool
+
+        pool = self._pools.get(ip)
+        if pool is None:
+            p = self.p
+            if p.origin_protocol == "http1":
+                pool = H1Pool(ip, P.ORIGIN_PORT, sni, self.ctx, self.source, p.client_timeout_s,
+                              p.upstream_max_connections)
+            else:
+                pool = H2Pool(ip, P.ORIGIN_PORT, sni, self.ctx, self.source, p.client_timeout_s)
+            self._pools[ip] = pool
+        return pool
+
+    def _used(self, conn: Any, server: str, sni: str, rid: str | None) -> None:
+        rec = self._conns.get(conn.local)
+        if rec is None or rec["server"] != server:
+            rec = self._conns[conn.local] = {
+                "client": conn.local, "server": server, "sni": sni,
+                "tls_version": conn.tls_version,
+                "protocol": "http/1.1" if self.p.origin_protocol == "http1" else "h2",
+                "request_id": rid, "requests": 0}
+            self.stats.upstream.append(rec)
+        rec["requests"] += 1
+
+    async def handle(self, stream: Stream | H1Stream) -> None:
+        from netdiag.lab.h1 import H1ClientConnection
+
         p = self.p
         loop = asyncio.get_running_loop()
         self.stats.requests += 1
         mine = [("x-router", "roc-router")]
         rid = stream.header("x-request-id")
+        entry: dict[str, Any] = {**inbound_key(stream), "request_id": rid, "upstream": []}
+        self.stats.log.append(entry)
         model = stream.header("x-model") or p.models[0]
         try:
             self.stats.redis_commands += 1
             sent = loop.time()
-            allowed, _left = await self.store.call(
+            reply, local, ordinal = await self.store.call_traced(
                 "EVALSHA", self.sha, 1, budget_key(model), int(time.time() * 1000),
                 p.request_cost, p.budget_tokens, p.refill_per_s, rid or "-")
             store_s = loop.time() - sent
+            allowed, _left = reply
+            entry["upstream"].append({"hop": "token-store", "client": local,
+                                      "server": f"{P.REDIS_IP}:{P.REDIS_PORT}",
+                                      "stream_id": None, "ordinal": ordinal})
         except Exception as exc:
             self.stats.errors += 1
             log.warning("router: token store failed: %r", exc)
@@ -211,49 +351,72 @@ class Router:
             return
         ip, sni = self.origins[self._next % len(self.origins)]
         self._next += 1
+        server = f"{ip}:{P.ORIGIN_PORT}"
         headers = [(":method", stream.method), (":scheme", "https"), (":authority", sni),
                    (":path", stream.path)]
         headers += [(k, v) for k, v in stream.headers
                     if not k.startswith(":") and k not in HOP_BY_HOP]
-        sock = bound_socket(P.ROUTER_IP)  # ready before the clock runs out
+        http1 = p.origin_protocol == "http1"
+        sock = None if p.upstream_pool else bound_socket(self.source)  # ready before the clock
         try:
             await sleep_until(stream.t_headers + store_s + p.router_delay_ms / 1000
                               - self.relay_s)
         except BaseException:
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
 
         def relay(status: int, resp_headers: list[tuple[str, str]], started: float) -> None:
-            out = [(k, v) for k, v in resp_headers if k not in HOP_BY_HOP or k == "content-length"]
-            stream.send_headers(status, out + mine)
+            stream.send_headers(status, _relayed(resp_headers) + mine)
             self.relay_s += (loop.time() - started - self.relay_s) / 4
 
-        upstream: H2ClientConnection | None = None
+        upstream: Any = None  # a connection of this request alone
+        pooled: Any = None  # (pool, connection) of an HTTP/1.1 pool
+        ex: Any = None
         try:
-            upstream = await H2ClientConnection.open(ip, P.ORIGIN_PORT, sni, self.ctx, sock,
-                                                     p.client_timeout_s,
-                                                     first=(headers, body, relay))
-            self.stats.upstream.append({"client": upstream.local,
-                                        "server": f"{ip}:{P.ORIGIN_PORT}", "sni": sni,
-                                        "tls_version": upstream.tls_version,
-                                        "request_id": rid})
-            ex = upstream.first
+            if sock is not None and http1:
+                upstream = conn = await H1ClientConnection.open(
+                    ip, P.ORIGIN_PORT, sni, self.ctx, sock, p.client_timeout_s)
+                ex = conn.start(headers, body, relay, close=True)
+            elif sock is not None:
+                upstream = conn = await H2ClientConnection.open(
+                    ip, P.ORIGIN_PORT, sni, self.ctx, sock, p.client_timeout_s,
+                    first=(headers, body, relay))
+                ex = conn.first
+            elif http1:
+                pool = self._pool(ip, sni)
+                conn = await pool.acquire()
+                pooled = (pool, conn)
+                ex = conn.start(headers, body, relay)
+            else:
+                conn = await self._pool(ip, sni).get()
+                await conn.stream_slot()
+                ex = conn.start(headers, not body, relay)
+                if body:
+                    conn.send_data(ex.stream_id, body)
             assert ex is not None
+            self._used(conn, server, sni, rid)
+            entry["upstream"].append(outbound_key("origin", conn, server, ex))
             await ex.response()
             async for chunk in ex.body():
                 await stream.send_data(chunk)
             await stream.send_data(b"", end_stream=True)
+            ex = None
         except UpstreamError as exc:
             self.stats.errors += 1
             log.warning("router: %s", exc)
             with contextlib.suppress(Exception):
                 await _answer_json(stream, 502, {"error": "origin unreachable"}, mine)
         finally:
+            if ex is not None:
+                ex.cancel()
+            if pooled is not None:
+                pooled[0].release(pooled[1])
             if upstream is not None:
                 await upstream.close()
 
 
-async def _answer_json(stream: Stream, status: int, doc: dict[str, Any],
+async def _answer_json(stream: Stream | H1Stream, status: int, doc: dict[str, Any],
                        headers: list[tuple[str, str]]) -> None:
     payload = json.dumps(doc, separators=(",", ":")).encode()
     stream.send_headers(status, [("content-type", "application/json"),
@@ -280,11 +443,14 @@ class Origins:
         self.sse_events = sse_events
         self.gap_s = gap_s
         self.served: Counter[str] = Counter()
-        self.trace: list = []
+        self.trace: list[Any] = []
+        self.log: list[dict[str, Any]] = []
+        """``inbound_key`` of every request received."""
 
-    async def handle(self, stream: Stream) -> None:
+    async def handle(self, stream: Stream | H1Stream) -> None:
         server_name, origin = self.identity.get(stream.local[0], (self.label, self.label))
         self.served[origin] += 1
+        self.log.append(inbound_key(stream))
         body = await stream.body()
         headers = [("server", server_name), ("x-origin", origin)]
         rid = stream.header("x-request-id")

@@ -16,6 +16,13 @@ import pytest
 from netdiag.lab import params as P
 from netdiag.lab.redis_store import find_redis_server
 
+# ``netdiag lab`` runs in a network namespace of its own when it can (root). The
+# lifecycle tests squat the lab's ports and count its listening sockets from the
+# test's own namespace, so the command they start must share it: they get
+# ``--no-netns`` through the environment. Tests that want a namespace ask for one
+# (``LabParams(netns=True)``, ``netdiag lab --netns``).
+os.environ.setdefault("NETDIAG_LAB_NETNS", "0")
+
 LIVE = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0 or find_redis_server() is None,
     reason="needs root on Linux and redis-server (apt-get install redis-server)")
@@ -70,3 +77,30 @@ def port_free(ip: str, port: int, kind: int) -> bool:
         return False
     finally:
         sock.close()
+
+
+def descendants(pid: int) -> set[int]:
+    """Live (non-zombie) descendants of ``pid``, children of children included."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == parent and p not in out]
+        out.update(kids)
+        todo.extend(kids)
+    return out
+
+
+def ip_of(ep: str) -> str:
+    """The address of an ``ip:port`` endpoint."""
+    return ep.rpartition(":")[0].strip("[]")

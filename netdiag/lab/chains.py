@@ -1,0 +1,92 @@
+"""The true chain of every client request: which upstream requests it caused.
+
+Each hop of the lab logs, for every request it received, how it knows that request
+-- its inbound connection's peer and local endpoints plus the HTTP/2 stream id or
+the request's 0-based ordinal on its HTTP/1.1 connection -- and the same for every
+request it sent upstream (its outbound connection's local endpoint, the server
+endpoint, stream id or ordinal, and the hop it called), plus each Redis command with
+its ordinal on its Redis connection. Nothing here reads a header: the join is on
+(endpoints, stream id or ordinal) alone, so it holds with request ids off, with
+pooled and multiplexed connections and with every proxy connecting from 127.0.0.1.
+
+:func:`build_chains` joins the driver's requests with the edge's and the router's
+logs into the ledger's ``chains`` (format in ``docs/lab.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Key = tuple[str, str, int | None, int | None]
+
+
+def key_of(rec: dict[str, Any]) -> Key:
+    """(client, server, stream id, ordinal) of a logged request."""
+    return (rec["client"], rec["server"], rec.get("stream_id"), rec.get("ordinal"))
+
+
+def _ref(rec: dict[str, Any], hop: str | None = None, parent: int | None = None
+         ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if hop is not None:
+        out["hop"] = hop
+    out.update({"client": rec["client"], "server": rec["server"],
+                "stream_id": rec.get("stream_id"), "ordinal": rec.get("ordinal")})
+    if parent is not None:
+        out["parent"] = parent
+    return out
+
+
+def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
+                 router_log: list[dict[str, Any]], origin_log: list[dict[str, Any]]
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(chains, problems): one chain per client request that got an answer.
+
+    ``requests`` are the driver's records (``request_id``, ``path``, ``client``,
+    ``server``, ``stream_id``); the logs are the hops' (``inbound_key`` fields plus
+    ``upstream``). A problem is a request a hop says it sent that the next hop never
+    logged receiving, or a client request no hop logged: the lab's bookkeeping failed.
+    """
+    by_key: dict[str, dict[Key, dict[str, Any]]] = {
+        "edge": {key_of(e): e for e in edge_log},
+        "router": {key_of(e): e for e in router_log},
+    }
+    origins = {key_of(e) for e in origin_log}
+    problems: list[str] = []
+    chains: list[dict[str, Any]] = []
+    for req in sorted(requests, key=lambda r: r["request_id"]):
+        if req.get("status") is None or not req.get("client") or req["client"] == "?":
+            continue  # it failed before it had a connection: nothing to chain
+        client = {"client": req["client"], "server": req["server"],
+                  "stream_id": req.get("stream_id"), "ordinal": None}
+        chain: dict[str, Any] = {"path": req["path"], "request_id": req["request_id"],
+                                 "client": client, "upstream": [], "server_timing": None}
+        chains.append(chain)
+        first = "edge" if req["path"] == "ROC" else "origin"
+        if first == "origin":
+            if key_of(client) not in origins:
+                problems.append(f"{req['request_id']}: no origin logged {key_of(client)}")
+            continue
+        edge = by_key["edge"].get(key_of(client))
+        if edge is None:
+            problems.append(f"{req['request_id']}: the edge logged no request {key_of(client)}")
+            continue
+        chain["server_timing"] = edge.get("server_timing")
+        # breadth over the hops: (log entry, its index in [client, upstream...])
+        todo: list[tuple[dict[str, Any], int]] = [(edge, 0)]
+        while todo:
+            entry, parent = todo.pop(0)
+            for out in entry["upstream"]:
+                chain["upstream"].append(_ref(out, out["hop"], parent))
+                index = len(chain["upstream"])
+                hop = out["hop"]
+                if hop == "router":
+                    nxt = by_key["router"].get(key_of(out))
+                    if nxt is None:
+                        problems.append(f"{req['request_id']}: the router logged no request "
+                                        f"{key_of(out)}")
+                    else:
+                        todo.append((nxt, index))
+                elif hop == "origin" and key_of(out) not in origins:
+                    problems.append(f"{req['request_id']}: no origin logged {key_of(out)}")
+    return chains, problems
