@@ -63,6 +63,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from netdiag.paths.profile import split_endpoint
@@ -76,9 +77,10 @@ PROXY_MIN_REQUESTS = 3
 COUPLED_MIN_PAIRS = 5
 """Fewest matched pairs for a proxy to be inferred from timing alone (no address
 relation)."""
-COUPLING_MAX = 0.25
+COUPLING_MAX = 0.5
 """Largest spread (interquartile range) of a pair's steadier offset, as a share of the
-median slack the parent leaves around the child, for timing alone to infer a proxy."""
+median gap between successive parents (what pairing by chance gives), for timing
+alone to infer a proxy."""
 AMBIGUITY_MS = 0.1
 """An alternative assignment within this cost (milliseconds of timing) of the chosen
 one leaves the link ``ambiguous``."""
@@ -420,14 +422,26 @@ class _PairStats:
     med_slack: float | None
     address_share: float
 
+    end: bool | None = None
+    """The anchor chosen by the first estimates (None: the steadier offset here)."""
+    chance_ms: float | None = None
+    """Median gap between successive parents' anchors: how far a child taken by
+    chance would stray (the scale of :attr:`coupling`)."""
+
     @property
     def anchor_is_end(self) -> bool:
+        if self.end is not None:
+            return self.end and self.iqr_eo is not None
         return self.iqr_eo is not None and self.iqr_eo < self.iqr_so
 
     @property
     def coupling(self) -> float:
+        """Spread of the anchor offset over what chance gives: a child paired with the
+        first parent to come by chance strays by about the gap between parents; one a
+        proxy made strays by the proxy's jitter only."""
         spread = self.iqr_eo if self.anchor_is_end and self.iqr_eo is not None else self.iqr_so
-        return spread / max(self.med_slack or 0.0, 0.001)
+        scale = self.chance_ms if self.chance_ms is not None else self.med_slack
+        return spread / max(scale or 0.0, 0.001)
 
 
 def _quantile(sorted_vals: Sequence[float], q: float) -> float:
@@ -456,8 +470,8 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
     dso = abs(e.so - st.med_so)
     deo = abs(e.eo - st.med_eo) if e.eo is not None and st.med_eo is not None else None
     if st.anchor_is_end and deo is not None:
-        return e.base + deo + 0.05 * dso
-    return e.base + dso + (0.05 * deo if deo is not None else 0.0)
+        return e.base + deo + 0.01 * dso
+    return e.base + dso + (0.01 * deo if deo is not None else 0.0)
 
 
 def _anchor_ns(n: Node, end: bool) -> int:
@@ -468,6 +482,20 @@ def _anchor_ns(n: Node, end: bool) -> int:
     return n.req.ts_ns
 
 
+def _order(n: Node, end: bool) -> tuple[int, int, str, int]:
+    """Arrival order: the anchor time, then the start, then (requests that arrived in
+    one packet) their order on the connection."""
+    return _anchor_ns(n, end), n.req.ts_ns, n.conn.id, n.index
+
+
+def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
+    """Parents and children in the same order (first come, first served). Two answers
+    relayed in one packet say nothing of their order: their starts decide then."""
+    if end and _anchor_ns(p1, True) == _anchor_ns(p2, True):
+        end = False
+    return (_order(p1, end) < _order(p2, end)) == (_order(c1, end) < _order(c2, end))
+
+
 def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
                  ends: Mapping[tuple[Any, Any], bool]) -> None:
     """Among assignments within :data:`AMBIGUITY_MS` of each other, keep the one that
@@ -475,7 +503,7 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
     swap the children of neighbouring parents whose children are out of order when the
     swap costs no more than that."""
     by_pair = {(id(e.parent), id(e.child)): e for e in edges}
-    chosen = sorted(taken.values(), key=lambda e: _anchor_ns(
+    chosen = sorted(taken.values(), key=lambda e: _order(
         e.parent, ends.get((e.pgroup, e.cgroup), False)))
     for _ in range(8):
         changed = False
@@ -484,7 +512,7 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
             if a.rid or b.rid:
                 continue
             end = ends.get((a.pgroup, a.cgroup), False)
-            if _anchor_ns(a.child, end) <= _anchor_ns(b.child, end):
+            if _in_order(a.parent, a.child, b.parent, b.child, end):
                 continue
             x = by_pair.get((id(a.parent), id(b.child)))
             y = by_pair.get((id(b.parent), id(a.child)))
@@ -497,20 +525,87 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
             break
 
 
+_MATCH_VALUE = 1e6
+"""Value of one link in the ordered assignment: more links first, then less cost."""
+
+
+def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
+    """The order-preserving assignment of most value (each link :data:`_MATCH_VALUE`
+    less its cost): parents and children both in arrival order, as a proxy handles them
+    first come, first served (a token call goes out in the order the requests came;
+    answers are relayed in the order they came back). A weighted longest increasing
+    chain over the candidate links, with a Fenwick tree of prefix maxima: O(E log n)."""
+    parents = sorted({id(e.parent): e.parent for e in edges}.values(),
+                     key=lambda n: _order(n, end))
+    pidx = {id(p): i for i, p in enumerate(parents)}
+    by_child: dict[int, list[_Edge]] = defaultdict(list)
+    for e in edges:
+        by_child[id(e.child)].append(e)
+    children = sorted((lst[0].child for lst in by_child.values()),
+                      key=lambda n: _order(n, end))
+    size = len(parents)
+    best = [-1.0] * (size + 1)
+    ptr = [-1] * (size + 1)
+    links: list[tuple[_Edge, int]] = []
+
+    def query(i: int) -> tuple[float, int]:  # best chain over parents [0, i)
+        v, k = 0.0, -1
+        while i > 0:
+            if best[i] > v:
+                v, k = best[i], ptr[i]
+            i -= i & -i
+        return v, k
+
+    for c in children:
+        pending = []
+        for e in by_child[id(c)]:
+            i = pidx[id(e.parent)]
+            v, prev = query(i)
+            links.append((e, prev))
+            pending.append((i + 1, v + _MATCH_VALUE - e.cost, len(links) - 1))
+        for i, v, k in pending:  # after the queries: one link per child
+            while i <= size:
+                if v > best[i]:
+                    best[i], ptr[i] = v, k
+                i += i & -i
+    taken: dict[int, _Edge] = {}
+    k = query(size)[1]
+    while k >= 0:
+        e, k = links[k]
+        taken[id(e.child)] = e
+    return taken
+
+
 def _assign(edges: list[_Edge], second: bool,
             ends: Mapping[tuple[Any, Any], bool] | None = None) -> dict[int, _Edge]:
-    """Cheapest edges first; each parent takes one child of the kind (``second``: then a
-    second one for children left over). Returns child node id -> edge."""
-    edges.sort(key=lambda e: (e.cost, e.child.req.ts_ns, e.parent.req.ts_ns))
+    """Equal request ids first; then the order-preserving assignment of most value
+    (:func:`_assign_ordered`); then, cheapest first, children it left over with parents
+    still free (``second``: then also with parents that already have a child of the
+    kind). Returns child node id -> edge."""
+    ends = ends or {}
     taken: dict[int, _Edge] = {}
     used: set[int] = set()
+    for e in edges:
+        if e.rid and id(e.child) not in taken and id(e.parent) not in used:
+            taken[id(e.child)] = e
+            used.add(id(e.parent))
+    rest = [e for e in edges if not e.rid and id(e.child) not in taken
+            and id(e.parent) not in used]
+    votes: dict[bool, int] = defaultdict(int)
+    for e in rest:
+        votes[ends.get((e.pgroup, e.cgroup), False)] += 1
+    end = votes[True] > votes[False]
+    for c, e in _assign_ordered(rest, end).items():
+        taken[c] = e
+        used.add(id(e.parent))
+    edges.sort(key=lambda e: (e.cost, e.child.req.ts_ns, e.parent.req.ts_ns))
     for e in edges:
         c, p = id(e.child), id(e.parent)
         if c in taken or p in used:
             continue
         taken[c] = e
         used.add(p)
-    _fifo_repair(taken, edges, ends or {})
+    _fifo_repair(taken, edges, ends)
     if second:
         extra: set[int] = set()
         for e in edges:
@@ -522,10 +617,14 @@ def _assign(edges: list[_Edge], second: bool,
     return taken
 
 
-def _assign_fifo(edges: list[_Edge]) -> dict[int, _Edge]:
-    """First estimate: a proxy forwards in arrival order, so each child (in time order)
-    takes the earliest free parent that contains it (an equal request id first)."""
-    edges.sort(key=lambda e: (e.child.req.ts_ns, id(e.child), not e.rid, e.parent.req.ts_ns,
+def _assign_fifo(edges: list[_Edge], end: bool) -> dict[int, _Edge]:
+    """First estimate, first come first served: each child in order takes the earliest
+    free parent that contains it (an equal request id first). ``end``: in the order of
+    first bytes (an answer relayed: the parent's first byte follows the child's), else
+    of starts (a call made on arrival)."""
+    if end:
+        edges = [e for e in edges if e.eo is not None and e.eo >= 0]
+    edges.sort(key=lambda e: (_order(e.child, end), not e.rid, _order(e.parent, end),
                               e.base))
     taken: dict[int, _Edge] = {}
     used: set[int] = set()
@@ -538,18 +637,62 @@ def _assign_fifo(edges: list[_Edge]) -> dict[int, _Edge]:
     return taken
 
 
-def _matching(edges: list[_Edge], stats: Mapping[tuple[Any, Any], _PairStats] | None,
-              second: bool = False) -> dict[tuple[Any, Any], dict[int, _Edge]]:
-    """One assignment per (parent group, child kind); without ``stats``, in FIFO order."""
+def _first_estimates(edges: list[_Edge]) -> dict[tuple[Any, Any], _PairStats]:
+    """Per pair of groups, its typical timing from a first-come-first-served assignment
+    in start order and one in first-byte order: whichever makes its own offset the
+    steadier is the pair's anchor (a token call goes out on arrival; an origin's answer
+    is relayed)."""
     by_gk: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
     for e in edges:
-        if stats is not None:
-            e.cost = _timing_cost(e, stats.get((e.pgroup, e.cgroup)))
-        by_gk[(e.pgroup, e.kind)].append(e)
-    if stats is None:
-        return {gk: _assign_fifo(lst) for gk, lst in by_gk.items()}
+        by_gk[(e.pgroup, e.cgroup)].append(e)
+    starts = _pair_stats({gk: _assign_fifo(lst, False) for gk, lst in by_gk.items()})
+    ends = _pair_stats({gk: _assign_fifo(list(lst), True) for gk, lst in by_gk.items()})
+    parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
+    for e in edges:
+        parents[e.pgroup][id(e.parent)] = e.parent
+
+    def gap(group: tuple[Any, ...], end: bool) -> float | None:
+        ts = sorted(_anchor_ns(n, end) for n in parents[group].values())
+        gaps = sorted(b - a for a, b in pairwise(ts))
+        return gaps[len(gaps) // 2] / 1e6 if gaps else None
+
+    out: dict[tuple[Any, Any], _PairStats] = {}
+    for pair in set(starts) | set(ends):
+        a, b = starts.get(pair), ends.get(pair)
+        ga, gb = gap(pair[0], False), gap(pair[0], True)
+        ca = a.iqr_so / max(ga or 0.0, 0.001) if a is not None else None
+        cb = (b.iqr_eo / max(gb or 0.0, 0.001)
+              if b is not None and b.iqr_eo is not None else None)
+        if cb is not None and (ca is None or cb < ca):
+            assert b is not None
+            b.end, b.chance_ms = True, gb
+            out[pair] = b
+        elif a is not None:
+            a.end, a.chance_ms = False, ga
+            out[pair] = a
+    return out
+
+
+def _matching(edges: list[_Edge], stats: Mapping[tuple[Any, Any], _PairStats],
+              second: bool = False, by_kind: bool = True
+              ) -> dict[tuple[Any, Any], dict[int, _Edge]]:
+    """One assignment per (parent group, child kind), or per pair of groups (the
+    statistics that decide which pairs stand: an unrelated server on the same port
+    must not crowd the assignment of the one behind the proxy)."""
+    by_gk: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
+    for e in edges:
+        e.cost = _timing_cost(e, stats.get((e.pgroup, e.cgroup)))
+        by_gk[(e.pgroup, e.kind if by_kind else e.cgroup)].append(e)
     ends = {k: st.anchor_is_end for k, st in stats.items()}
     return {gk: _assign(lst, second, ends) for gk, lst in by_gk.items()}
+
+
+def _keep_anchors(new: dict[tuple[Any, Any], _PairStats],
+                  old: Mapping[tuple[Any, Any], _PairStats]) -> dict[tuple[Any, Any], _PairStats]:
+    for k, st in new.items():
+        if k in old:
+            st.end, st.chance_ms = old[k].end, old[k].chance_ms
+    return new
 
 
 def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
@@ -574,6 +717,8 @@ class _Linker:
         self.kind: dict[int, tuple[Any, ...]] = {}
         self.rid: dict[int, str | None] = {}
         self._ips: dict[int, str] = {}
+        self.median_wait: dict[tuple[Any, ...], int] = {}
+        """Median time to first byte per group (ns)."""
         self.considered: set[tuple[Any, Any]] = set()
         """Pairs of groups that passed the pair tests (before the proxy share test)."""
         for n in nodes:
@@ -596,7 +741,9 @@ class _Linker:
         return ("resp" if is_resp(n.conn, n.req) else "http", split_endpoint(n.conn.server)[1])
 
     def _allowed(self, pg: tuple[Any, ...], cg: tuple[Any, ...]) -> tuple[bool, bool]:
-        """(may link, declared by the profile's hop order)."""
+        """(may link, declared by the profile's hop order). Undeclared, a group whose
+        requests wait less than the child group's (medians) is not its parent: a proxy
+        waits for what it calls, so the hop graph has no cycles."""
         if pg == cg:
             return False, False
         if pg[0] == "hop" and cg[0] == "hop":
@@ -606,7 +753,9 @@ class _Linker:
             if pg[2] in order and cg[2] in order:
                 ok = order.index(pg[2]) < order.index(cg[2])
                 return ok, ok
-            return True, False
+        wp, wc = self.median_wait.get(pg), self.median_wait.get(cg)
+        if wp is not None and wc is not None and wp <= wc:
+            return False, False
         return True, False
 
     def candidates(self) -> list[_Edge]:
@@ -614,6 +763,11 @@ class _Linker:
         for n in self.nodes:
             if not is_resp(n.conn, n.req):
                 groups[self.group[id(n)]].append(n)
+        waits: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        for n in self.nodes:
+            if n.wait_ns is not None:
+                waits[self.group[id(n)]].append(n.wait_ns)
+        self.median_wait = {g: sorted(w)[len(w) // 2] for g, w in waits.items()}
         index: dict[tuple[Any, ...], tuple[list[Node], list[int], int]] = {}
         for g, lst in groups.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
@@ -711,9 +865,14 @@ class _Linker:
 
     def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
                        matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
-                       edges: Sequence[_Edge]) -> set[tuple[Any, Any]]:
+                       edges: Sequence[_Edge],
+                       estimates: Mapping[tuple[Any, Any], _PairStats]
+                       ) -> set[tuple[Any, Any]]:
         """Pairs of groups whose links stand: declared by the profile, or a proxy by the
-        statistics (module docstring)."""
+        statistics (module docstring). The steadiness of a pair's timing is judged on
+        the first-come-first-served estimate, which chose no link for its timing (the
+        refined assignment picks links near the typical offset, so any pair would look
+        steady there)."""
         declared = {(e.pgroup, e.cgroup) for e in edges if e.declared}
         sizes: dict[tuple[Any, ...], int] = defaultdict(int)
         for n in self.nodes:
@@ -724,8 +883,11 @@ class _Linker:
                 continue
             # a server behind a proxy gets (nearly) all its requests through it
             behind = st.n >= PROXY_MIN_SHARE * sizes[pair[1]]
+            est = estimates.get(pair)
+            steady = est is not None and est.n >= COUPLED_MIN_PAIRS and \
+                est.coupling <= COUPLING_MAX
             if st.address_share >= PROXY_MIN_SHARE or (
-                    behind and st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX):
+                    behind and st.n >= COUPLED_MIN_PAIRS and steady):
                 inferred.add(pair)
         # the parent must be a proxy: most of its requests contain such a child
         followed: dict[tuple[Any, ...], set[int]] = defaultdict(set)
@@ -759,8 +921,10 @@ def _label(e: _Edge, alts: Sequence[_Edge], by_pair: Mapping[tuple[int, int], _E
            child_of: Mapping[int, _Edge], end: bool, jitter_ns: int) -> tuple[str, int]:
     """The contract's link kind of a chosen edge, and its candidate count. A swap with
     another parent's child that costs as little but puts the two out of order is no
-    equal alternative (order is evidence), unless the two parents came closer together
-    than the pair's timing varies (``jitter_ns``, the spread of its steadier offset)."""
+    equal alternative (a proxy handles the requests of one connection first come, first
+    served: order is evidence), unless the two parents came on different connections
+    closer together than the pair's timing varies (``jitter_ns``, the spread of its
+    steadier offset)."""
     if e.rid:
         return "request-id", len(alts)
     if len(alts) <= 1:
@@ -776,9 +940,14 @@ def _label(e: _Edge, alts: Sequence[_Edge], by_pair: Mapping[tuple[int, int], _E
         swap = by_pair.get((id(e.parent), id(other.child)))
         if swap is None or swap.cost + a.cost - e.cost - other.cost >= AMBIGUITY_MS:
             continue
-        dp = _anchor_ns(a.parent, end) - _anchor_ns(e.parent, end)
-        dc = _anchor_ns(other.child, end) - _anchor_ns(e.child, end)
-        if abs(dp) <= jitter_ns or dc == 0 or (dp > 0) != (dc > 0):
+        pa, pe = _anchor_ns(a.parent, end), _anchor_ns(e.parent, end)
+        ca, ce = _anchor_ns(other.child, end), _anchor_ns(e.child, end)
+        # requests on one connection are handled in the order they came; on two, by
+        # whichever worker took each, so arrival order is evidence only when they came
+        # further apart than the pair's timing varies
+        unordered = (a.parent.conn is not e.parent.conn and abs(pa - pe) <= jitter_ns)
+        if unordered or (ca == ce and other.child.conn is not e.child.conn) \
+                or not _in_order(e.parent, e.child, a.parent, other.child, end):
             return "ambiguous", len(alts)
     return "matched", len(alts)
 
@@ -806,11 +975,12 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
     edges = linker.candidates()
 
-    first = _matching(edges, None)
-    stats = _pair_stats(_matching(edges, _pair_stats(first)))
-    second = _matching(edges, stats)
-    stats = _pair_stats(second)
-    keep = linker.accepted_pairs(stats, second, edges)
+    estimates = _first_estimates(edges)
+    stats = _keep_anchors(_pair_stats(_matching(edges, estimates, by_kind=False)),
+                          estimates)
+    second = _matching(edges, stats, by_kind=False)
+    stats = _keep_anchors(_pair_stats(second), estimates)
+    keep = linker.accepted_pairs(stats, second, edges, estimates)
     final_edges = [e for e in edges if e.rid or (e.pgroup, e.cgroup) in keep]
     final = _matching(final_edges, stats, second=True)
 
