@@ -136,7 +136,8 @@ def _reuse(b: PathBudget, t: Thresholds) -> list[Finding]:
         cost = ""
         if h.setup:
             cost = (f" Each new connection to it cost a median {_ms(median(h.setup))} of "
-                    "TCP and TLS handshakes inside the client's wait.")
+                    "connection setup (TCP, and TLS where used) inside the client's "
+                    "wait.")
         out.append(Finding(
             "warning", "path-low-reuse",
             f"{b.name}: {_pct(new_share)} of requests to the {h.name} opened a new "
