@@ -573,6 +573,11 @@ def tls_termination(conn: Connection) -> tuple[bool | None, str | None]:
     base = (f"{clean(version, 12)} handshake {_num(hs)} ms = {trips:.1f} round trips of "
             f"the {_num(rtt)} ms TCP RTT ({n} expected)")
     if extra <= max(n * rtt / 2, 5.0):
+        if extra > n * rtt / 2:
+            return True, (f"{clean(version, 12)} handshake {_num(hs)} ms, within 5 ms of "
+                          f"{n} round trip{'s' if n > 1 else ''} of the {_num(rtt)} ms TCP "
+                          "RTT (the rest is the server's crypto): TLS terminates where "
+                          "TCP does")
         return True, f"{base}: TLS terminates where TCP does"
     if extra >= n * rtt and extra > 5.0:
         return False, (f"{base}: TLS terminates behind the hop that answers TCP "
