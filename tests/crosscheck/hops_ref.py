@@ -78,7 +78,27 @@ pairs (index 0 is the root, index ``i`` the ``i``-th pair), per hop:
 request's id): a request's parent is a request with the same id on another
 connection to another server that started before it and had not ended when it
 started; one whose server address is the request's client address is preferred (the
-proxy sent it), then the latest to start (the innermost hop).
+proxy sent it), then the latest to start (the innermost hop). Where no id is sent
+(a lab run with ``request_ids`` off), :func:`chains_from_ledger` takes the lab
+ledger's ``chains`` (endpoints and stream ids or ordinals: the same keys).
+
+``setup`` follows the brief's wording (the SYN inside the parent's wait); netdiag's
+code only asks ``parent.ts <= syn <= ts``: the two differ for a connection opened after
+the parent's first byte, which no own time depends on (such a callee is clipped away).
+A connection carrying HTTP/2 reports its HTTP/2 streams only (the HTTP/1.1 request of
+an ``Upgrade: h2c`` is not one of them).
+
+Using it
+--------
+``ref = wire_reference(capture, keylog)`` (cached); ``ref.requests[(client, server,
+ident)]``, ``ref.connection(client, server)``, ``ref.dns``;
+``chains_by_request_id(ref)`` or ``chains_from_ledger(ledger["chains"])`` ->
+``{root key: [(key, parent index), ...]}``; ``hop_times(ref, root, callees)`` ->
+:class:`HopTimes` per hop, ``all_hop_times(ref, chains)`` by key. Against netdiag:
+``compare_chains(ref, analysis.chain_table, chains)`` (:class:`HopComparison`:
+``share_within``, ``stats``, ``worst``, ``relinked``, ``missing``) and
+``compare_requests(ref, connections)``; ``netdiag_key(conn, index)`` turns netdiag's
+``conn.requests[index]`` into the reference's key.
 
 Run as a script to print a capture's chains: ``python tests/crosscheck/hops_ref.py
 CAPTURE [KEYS]``.
@@ -320,6 +340,8 @@ class WireReference:
     connections: list[WireConnection]
     dns: list[WireDns]
     frames: int
+    decode_as: tuple[str, ...] = ()
+    """The ``-d`` options the reference found it needed (see :func:`wire_reference`)."""
     requests: dict[ReqKey, WireRequest] = field(default_factory=dict)
     by_conn: dict[ConnKey, WireConnection] = field(default_factory=dict)
 
@@ -945,11 +967,51 @@ def _dns(pkts: list[_Pkt], times: _Times, ports: frozenset[int]) -> list[WireDns
     return out
 
 
+HTTP1_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ",
+                 b"CONNECT ", b"TRACE ")
+
+
+def _undecoded(pkts: list[_Pkt], skip_ports: frozenset[int]) -> list[str]:
+    """``-d`` options for servers on ports tshark did not recognise: a connection whose
+    first client payload is a TLS ClientHello, the HTTP/2 preface or an HTTP/1.x
+    request line that tshark left undissected (another protocol owns the port, or
+    none: the lab's servers listen on free ports, and a client's ephemeral port can be
+    a registered one, 34980 being EtherCAT's)."""
+    streams: dict[int, list[_Pkt]] = {}
+    for p in pkts:
+        if p.transport == "tcp" and p.stream is not None:
+            streams.setdefault(p.stream, []).append(p)
+    opts: dict[int, str] = {}
+    for pl in streams.values():
+        syn = next((p for p in pl if p.syn and not p.ack), None)
+        if syn is None:
+            continue
+        port = int(syn.dst.rpartition(":")[2])
+        first = next((p for p in pl if p.src == syn.src and p.payload), None)
+        if first is None or port in skip_ports or port in opts:
+            continue
+        data = first.payload
+        if data[:3] in (b"\x16\x03\x01", b"\x16\x03\x03") and len(data) > 5 and data[5] == 1:
+            if not any(m.kind == "rec" for m in first.msgs):
+                opts[port] = "tls"
+        elif data.startswith(b"PRI * HTTP/2.0"):
+            if not first.magic and not any(m.kind == "http2" for m in first.msgs):
+                opts[port] = "http2"
+        elif data.startswith(HTTP1_METHODS) and not any(m.kind == "http" for m in first.msgs):
+            opts[port] = "http"
+    return [x for port, proto in sorted(opts.items()) for x in ("-d", f"tcp.port=={port},{proto}")]
+
+
 @functools.cache
 def _reference(capture: str, keylog: str | None, extra_opts: tuple[str, ...],
                resp_ports: tuple[int, ...], dns_ports: tuple[int, ...]) -> WireReference:
-    layers = run_tshark_json(capture, keylog, list(extra_opts) + _dns_decode_opts(dns_ports))
+    opts = list(extra_opts) + _dns_decode_opts(dns_ports)
+    layers = run_tshark_json(capture, keylog, opts)
     pkts = [p for p in map(_parse, layers) if p is not None]
+    more = _undecoded(pkts, frozenset(resp_ports) | frozenset(dns_ports))
+    if more:  # once more, telling tshark what those servers speak
+        layers = run_tshark_json(capture, keylog, opts + more)
+        pkts = [p for p in map(_parse, layers) if p is not None]
     times = _Times(pkts)
     streams: dict[int, list[_Pkt]] = {}
     for p in pkts:
@@ -959,7 +1021,7 @@ def _reference(capture: str, keylog: str | None, extra_opts: tuple[str, ...],
     conns = [_Conn(v, times, rports).build() for _, v in sorted(streams.items())]
     conns = [c for c in conns if not _is_dns_conn(c, dns_ports)]
     return WireReference(capture, keylog, conns, _dns(pkts, times, frozenset(dns_ports)),
-                         len(layers))
+                         len(layers), decode_as=tuple(more))
 
 
 def _is_dns_conn(c: WireConnection, dns_ports: Sequence[int]) -> bool:
@@ -976,6 +1038,11 @@ def wire_reference(capture: str | Path, keylog: str | Path | None = None, *,
     ``resp_ports``: server ports whose connections are Redis (RESP);
     ``dns_ports``: ports carrying DNS (others than 53 are decoded as DNS with ``-d``).
     DNS-over-TCP connections are left out of ``connections``.
+
+    Servers on ports tshark does not associate with their protocol are found by what
+    their clients send first (a TLS ClientHello, the HTTP/2 preface, an HTTP/1.x
+    request line, left undissected) and tshark is run once more with ``-d
+    tcp.port==N,tls`` (``http2``, ``http``) for them (``decode_as`` lists them).
     """
     return _reference(str(capture), None if keylog is None else str(keylog),
                       tuple(extra_opts), tuple(resp_ports), tuple(dns_ports))

@@ -6,46 +6,61 @@ The probe runs against the loopback lab while ``lo`` is captured (the
 nanosecond timestamps, pcapng), with the probe's own key log; netdiag's pipeline
 then reads the capture with that key log, and every request, connection and DNS
 transaction is compared: same counts, same endpoints, stream ids, statuses, TLS
-versions and ciphers, DNS ids and answers, and the timings below.
+versions and ciphers, DNS ids and answers, and the timings below. Two independent
+measurements check netdiag's view of the wire, each of the same thing:
 
-What must hold, per request / connection / DNS transaction (differences are
-probe minus capture):
+* **tshark's frame times of the same packets** (tests/crosscheck/hops_ref.py, when
+  tshark is installed): every request's first request byte, first and last response
+  byte, every connection's SYN, handshake ACK, ClientHello and Finished, every DNS
+  query and answer must be the packets tshark finds, within ``WIRE_TOL_MS`` (they
+  agree to the nanosecond). This is exact whatever the host's load: a packet's
+  timestamp does not depend on who reads it.
+* **The probe's own timers** (differences are probe minus capture):
 
-* Containment (strict, never retried): the probe stamps a request just before
-  handing it to the kernel and an answer just after ``recv()`` returns it, so every
-  probe span contains the wire span it corresponds to: every duration difference
-  is >= 0, "request sent" is not after the request packet and "first byte" not
-  before the response packet. ``SLACK_MS`` (0.05 ms) only absorbs clock-read
-  granularity. A wrong packet or frame *earlier* than the right one (the server's
-  SETTINGS, an earlier response) breaks this; a later one (the DATA frame after
-  the HEADERS) is what the frame-clock unit test in test_probe_units.py covers.
-* Agreement: what the wire does not see is user-space time -- the kernel's
-  hand-over, a thread wake-up, OpenSSL's record work, the interpreter: 0.05-0.4 ms
-  on an idle loopback. A difference should be under ``TOL_MS`` (2 ms, the issue's
-  figure: a tenth of the 20 ms think time measured, five times the usual gap); for
-  TLS and DNS under ``TOL_EXTRA_MS`` (3 ms), because the TLS timer also covers
-  building the ClientHello and verifying the certificate chain, and the DNS timers
-  dnspython building the query and parsing the answer (its resolver adds ~0.3 ms
-  more; over TCP the length prefix and the message are two waits).
-* Outliers: these tests run on shared VMs. When the vCPU is busy elsewhere the
-  moment a packet arrives, ``recv()`` returns milliseconds late: while writing them,
-  at a load average of 2-4 on 2 vCPUs (other test suites), 2-6 ms in up to one
-  comparison in ten, once 28 ms; ``nice -n -15`` did not help, it is the VM's CPU.
-  That is the host being busy, not a disagreement. So, per phase: the *median*
-  difference must be under half the tolerance (1 ms; 1.5 ms for TLS and DNS), at
-  least 80 % of the differences under the tolerance, and every one under
-  ``HARD_MAX_MS`` (50 ms); an attempt that fails *only* on these magnitudes is run
-  again, up to ``ATTEMPTS`` times. A real disagreement fails every attempt, and
-  counts, identities and containment fail at once.
+  - Containment (strict, never retried): the probe stamps a request just before
+    handing it to the kernel and an answer just after ``recv()`` returns it, so every
+    probe span contains the wire span it corresponds to: every duration difference
+    is >= 0, "request sent" is not after the request packet and "first byte" not
+    before the response packet. ``SLACK_MS`` (0.05 ms) only absorbs clock-read
+    granularity. A wrong packet or frame *earlier* than the right one (the server's
+    SETTINGS, an earlier response) breaks this; a later one (the DATA frame after
+    the HEADERS) is what the frame-clock unit test in test_probe_units.py covers, and
+    the tshark comparison above catches on netdiag's side.
+  - Agreement: what the wire does not see is user-space time -- the kernel's
+    hand-over, a thread wake-up, OpenSSL's record work, the interpreter: 0.05-0.4 ms
+    on an idle loopback. The *median* difference per phase must be under half of
+    ``TOL_MS`` (2 ms, the issue's figure: a tenth of the 20 ms think time measured);
+    for TLS and DNS of ``TOL_EXTRA_MS`` (3 ms), because the TLS timer also covers
+    building the ClientHello and verifying the certificate chain, and the DNS timers
+    dnspython building the query and parsing the answer (its resolver adds ~0.3 ms
+    more; over TCP the length prefix and the message are two waits). A probe that
+    systematically measures more than the wire by over 1 ms (1.5 ms) fails it.
+  - Load: these tests run on shared 2-core VMs. When every core is busy the moment a
+    packet arrives, the woken probe waits for a core before ``recv()`` returns: with
+    two CPU burners beside the test, 3-9 ms in 2 to 7 of 10 comparisons of a run
+    (the scheduler lets the running burner finish its slice), once 28 ms under other
+    suites. That is the host's load, not the probe's timing, and it only ever *adds*
+    to the probe's span. So: the probe measures at a low real-time priority
+    (:func:`_realtime`, SCHED_FIFO 10, as the lab's servers run), which makes it run
+    as soon as its answer arrives whatever else the VM runs (with two or four burners
+    the differences stay those of an idle host: under 1 ms); the TLS handshake is
+    measured on ``RUNS`` x 5 fresh connections rather than 5. What remains is the
+    hypervisor stealing the vCPU (2-6 ms in up to one comparison in ten): so at least
+    ``SHARE_WITHIN`` (80 %) of a phase's differences must be under its tolerance,
+    every one under ``HARD_MAX_MS`` (not absurd), and an attempt that fails *only* on
+    these magnitudes is run again, up to ``ATTEMPTS`` times. A real disagreement
+    fails every attempt; counts, identities, containment and the tshark comparison
+    fail at once.
 
 Every attempt's figures are printed (``-s`` shows them) and kept in ``AGREEMENT``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +68,11 @@ import pytest
 
 from netdiag.probe.dns import run_dns_probe
 from netdiag.probe.http import run_http_probe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "crosscheck"))
+
+from hops_ref import WireReference, compare_requests, wire_reference
+from tshark_ref import tshark_path
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,9 +86,14 @@ TOL_MS = 2.0
 TOL_EXTRA_MS = 3.0
 HARD_MAX_MS = 50.0
 SHARE_WITHIN = 0.8
+WIRE_TOL_MS = 0.05
+"""netdiag against tshark, the same packets."""
+RT_PRIORITY = 10
+"""SCHED_FIFO priority of the probe while it measures (netdiag/lab/serve.py's)."""
 ATTEMPTS = 3
 RUNS = 5
-"""Probe runs per capture with reuse: five samples of every connection-level phase."""
+"""Probe runs per capture: with reuse, five samples of every connection-level phase;
+without (TLS 1.2), five runs of five fresh connections."""
 AGREEMENT: dict[str, dict[str, float]] = {}
 
 
@@ -96,8 +121,9 @@ def _agree(name: str, diffs: list[float], *, sign: int, tol: float = TOL_MS) -> 
                                                          + mags[len(mags) // 2]) / 2
     if median > tol / 2 or over > len(mags) - SHARE_WITHIN * len(mags) + 1e-9 \
             or mags[-1] > HARD_MAX_MS:
-        raise TooFar(f"{name}: median {median:.3f} ms, {over} of {len(mags)} over {tol} ms, "
-                     f"max {mags[-1]:.3f} ms in {shown}")
+        raise TooFar(f"{name}: median {median:.3f} ms (at most {tol / 2} ms), {over} of "
+                     f"{len(mags)} over {tol} ms (at most {1 - SHARE_WITHIN:.0%}), max "
+                     f"{mags[-1]:.3f} ms (at most {HARD_MAX_MS} ms) in {shown}")
 
 
 def _attempts(check: Callable[[int], None]) -> None:
@@ -111,12 +137,31 @@ def _attempts(check: Callable[[int], None]) -> None:
             print(f"attempt {attempt}: {exc}; the host was busy? trying again")
 
 
+@contextlib.contextmanager
+def _realtime() -> Iterator[None]:
+    """This thread at a low real-time priority while the body runs (root), so that a
+    packet's arrival wakes the probe at once instead of after a busy core's time slice;
+    unchanged where that is not permitted."""
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except (AttributeError, OSError):
+        policy = param = None
+    try:
+        yield
+    finally:
+        if policy is not None and param is not None:
+            os.sched_setscheduler(0, policy, param)
+
+
 def _capture(lab: Any, tmp: Path, run: Callable[[Path], Any]) -> tuple[Any, Any, Any]:
     """Run ``run(keylog)`` while the lab captures lo; return (its result, the lab's
     HTTPS connections with TLS or requests, its DNS transactions), in time order.
 
     Only this lab's endpoints are kept: the capture filters by address, and another
-    test run may be using the same 127.0.0.x addresses on other ports.
+    test run may be using the same 127.0.0.x addresses on other ports. netdiag's
+    records are checked against tshark's reading of the same capture first
+    (:func:`_check_wire`).
     """
     from netdiag.pipeline import Options, analyze
     from netdiag.report.records_out import CollectingSink
@@ -125,7 +170,7 @@ def _capture(lab: Any, tmp: Path, run: Callable[[Path], Any]) -> tuple[Any, Any,
     tmp.mkdir(parents=True, exist_ok=True)
     pcap, keylog = tmp / "probe.pcapng", tmp / "probe.keys"
     keylog.write_text("")
-    with lab.capture(pcap):
+    with lab.capture(pcap), _realtime():
         result = run(keylog)
     sink = CollectingSink()
     keys = KeyLog.from_file(keylog) if keylog.stat().st_size else None
@@ -137,7 +182,58 @@ def _capture(lab: Any, tmp: Path, run: Callable[[Path], Any]) -> tuple[Any, Any,
                    key=lambda c: c.ts_ns)
     dns = sorted((t for t in sink.dns_records if t.server in dns_servers),
                  key=lambda t: t.ts_ns)
+    if tshark_path() is not None:
+        wire = wire_reference(pcap, keylog if keylog.stat().st_size else None,
+                              dns_ports=sorted(dns_ports))
+        _check_wire(wire, conns, dns)
     return result, conns, dns
+
+
+def _check_wire(wire: WireReference, conns: list[Any], dns: list[Any]) -> None:
+    """netdiag's records against tshark's frame times of the same packets."""
+    tol = round(WIRE_TOL_MS * 1e6)
+    problems = compare_requests(wire, conns, tol_ns=tol)
+    for c in conns:
+        w = wire.by_conn.get((c.client, c.server))
+        if w is None:
+            problems.append(f"{c.id} {c.client} -> {c.server}: not seen by tshark")
+        elif len(w.requests) != len(c.requests):
+            mine = ", ".join(f"sid={r.stream_id} {r.method} {r.path} estimated={r.estimated}"
+                             for r in c.requests)
+            theirs = ", ".join(r.describe() for r in w.requests)
+            problems.append(f"{c.id} {c.client} -> {c.server} (tcp.stream {w.tcp_stream}, "
+                            f"decrypted by netdiag: {c.tls is not None and c.tls.decrypted}): "
+                            f"netdiag {len(c.requests)} requests [{mine}], tshark "
+                            f"{len(w.requests)} [{theirs}]")
+    if problems:
+        raise AssertionError(f"netdiag and tshark disagree on {wire.capture}:\n"
+                             + "\n".join(problems))
+
+    def far(a: int | None, b: int | None) -> bool:
+        return a is None or b is None or abs(a - b) > tol
+
+    for c in conns:
+        w = wire.by_conn[(c.client, c.server)]
+        pairs = [("syn", c.syn_ns, w.syn_ns), ("handshake ack", c.handshake_ack_ns,
+                                                w.handshake_ack_ns)]
+        if c.tls is not None or w.tls is not None:
+            assert c.tls is not None and w.tls is not None, (c.id, c.tls, w.tls)
+            assert c.tls.version == w.tls.version, (c.id, c.tls.version, w.tls.version)
+            pairs += [("ClientHello", c.tls.client_hello_ns, w.tls.client_hello_ns),
+                      ("Finished", c.tls.finished_ns, w.tls.finished_ns)]
+        problems += [f"{c.id} {c.client} -> {c.server}: {name} netdiag {a} vs tshark {b}"
+                     for name, a, b in pairs if far(a, b)]
+    ref = {d.key: d for d in wire.dns}
+    for t in dns:
+        d = ref.get((t.client, t.server, t.transport, t.id, t.qname))
+        if d is None:
+            problems.append(f"DNS {t.client} -> {t.server} id {t.id}: not seen by tshark")
+        elif far(t.ts_ns, d.query_ns) or far(t.response_ts_ns, d.response_ns):
+            problems.append(f"DNS {t.client} -> {t.server} id {t.id}: netdiag "
+                            f"{t.ts_ns}..{t.response_ts_ns} vs tshark {d.query_ns}.."
+                            f"{d.response_ns}")
+    assert not problems, f"netdiag and tshark disagree on {wire.capture}:\n" + "\n".join(
+        problems)
 
 
 def _check_http(results: list[Any], conns: list[Any], dns: list[Any], *,
@@ -217,10 +313,11 @@ def test_probe_fresh_tls12_agrees_with_capture(lab: Any, tmp_path: Path) -> None
         def run(keylog: Path) -> Any:
             return [run_http_probe(f"https://{lab.TLS12_NAME}:{lab.tls12_port}/v1/messages",
                                    count=5, reuse=False, keylog=keylog,
-                                   dns_server=lab.dns_fast, cafile=str(lab.cafile))]
+                                   dns_server=lab.dns_fast, cafile=str(lab.cafile))
+                    for _ in range(RUNS)]
 
         results, conns, dns = _capture(lab, tmp_path / str(attempt), run)
-        assert results[0].connections == 5
+        assert [res.connections for res in results] == [5] * RUNS
         _check_http(results, conns, dns, tls_name="TLS 1.2")
 
     _attempts(check)
