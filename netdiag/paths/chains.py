@@ -576,12 +576,51 @@ def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
     return taken
 
 
+DECISIVE_MS = 2.0
+"""A link at least this much cheaper (ms of timing, or a body size, path or method that
+differs) than the child's and the parent's every other free choice is taken before
+arrival order is consulted."""
+
+
+def _decisive(edges: Sequence[_Edge], taken: dict[int, _Edge], used: set[int]) -> None:
+    """Take the links the evidence decides: the child's cheapest free parent, by at
+    least :data:`DECISIVE_MS`, whose own cheapest free child it is, by as much. Repeated
+    while that frees decisions (at most a few rounds)."""
+    for _ in range(6):
+        best_c: dict[int, list[_Edge]] = defaultdict(list)
+        best_p: dict[int, list[_Edge]] = defaultdict(list)
+        for e in edges:
+            if id(e.child) in taken or id(e.parent) in used:
+                continue
+            for d, key in ((best_c, id(e.child)), (best_p, id(e.parent))):
+                two = d[key]
+                two.append(e)
+                two.sort(key=lambda x: x.cost)
+                del two[2:]
+        added = 0
+        for two in best_c.values():
+            e = two[0]
+            if len(two) > 1 and two[1].cost - e.cost < DECISIVE_MS:
+                continue
+            mine = best_p[id(e.parent)]
+            if mine[0] is not e or (len(mine) > 1 and mine[1].cost - e.cost < DECISIVE_MS):
+                continue
+            if id(e.child) in taken or id(e.parent) in used:
+                continue
+            taken[id(e.child)] = e
+            used.add(id(e.parent))
+            added += 1
+        if not added:
+            return
+
+
 def _assign(edges: list[_Edge], second: bool,
             ends: Mapping[tuple[Any, Any], bool] | None = None) -> dict[int, _Edge]:
-    """Equal request ids first; then the order-preserving assignment of most value
-    (:func:`_assign_ordered`); then, cheapest first, children it left over with parents
-    still free (``second``: then also with parents that already have a child of the
-    kind). Returns child node id -> edge."""
+    """Equal request ids first; then the links the evidence decides (:func:`_decisive`);
+    then the order-preserving assignment of most value (:func:`_assign_ordered`) for
+    what timing alone cannot tell apart; then, cheapest first, children left over with
+    parents still free (``second``: then also with parents that already have a child of
+    the kind). Returns child node id -> edge."""
     ends = ends or {}
     taken: dict[int, _Edge] = {}
     used: set[int] = set()
@@ -589,6 +628,7 @@ def _assign(edges: list[_Edge], second: bool,
         if e.rid and id(e.child) not in taken and id(e.parent) not in used:
             taken[id(e.child)] = e
             used.add(id(e.parent))
+    _decisive([e for e in edges if not e.rid], taken, used)
     rest = [e for e in edges if not e.rid and id(e.child) not in taken
             and id(e.parent) not in used]
     votes: dict[bool, int] = defaultdict(int)
