@@ -143,6 +143,9 @@ class Node:
     as good)."""
     candidates: int = 0
     """Requests of the parent's hop that could have caused it (containment)."""
+    syn_first_ns: int | None = None
+    """The SYN of its connection when it is the connection's first request (set while
+    linking): a call that opened a connection was decided at the SYN."""
     from_parent_address: bool = False
     """Its connection was opened from the address the parent's server listens on
     (evidence, not a requirement)."""
@@ -474,18 +477,21 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
     return e.base + dso + (0.01 * deo if deo is not None else 0.0)
 
 
-def _anchor_ns(n: Node, end: bool) -> int:
+def _anchor_ns(n: Node, end: bool, child: bool = False) -> int:
     """The time a pair's steadier offset is measured from: the request's first byte
-    (a relayed answer) or its start (a call made on arrival)."""
+    (a relayed answer) or its start (a call made on arrival; for a call that opened its
+    connection, the SYN: the proxy decided to call then)."""
     if end and n.req.first_byte_ns is not None:
         return n.req.first_byte_ns
+    if child and n.syn_first_ns is not None:
+        return n.syn_first_ns
     return n.req.ts_ns
 
 
-def _order(n: Node, end: bool) -> tuple[int, int, str, int]:
+def _order(n: Node, end: bool, child: bool = False) -> tuple[int, int, str, int]:
     """Arrival order: the anchor time, then the start, then (requests that arrived in
     one packet) their order on the connection."""
-    return _anchor_ns(n, end), n.req.ts_ns, n.conn.id, n.index
+    return _anchor_ns(n, end, child), n.req.ts_ns, n.conn.id, n.index
 
 
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
@@ -493,7 +499,8 @@ def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
     relayed in one packet say nothing of their order: their starts decide then."""
     if end and _anchor_ns(p1, True) == _anchor_ns(p2, True):
         end = False
-    return (_order(p1, end) < _order(p2, end)) == (_order(c1, end) < _order(c2, end))
+    return ((_order(p1, end) < _order(p2, end))
+            == (_order(c1, end, True) < _order(c2, end, True)))
 
 
 def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
@@ -542,7 +549,7 @@ def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
     for e in edges:
         by_child[id(e.child)].append(e)
     children = sorted((lst[0].child for lst in by_child.values()),
-                      key=lambda n: _order(n, end))
+                      key=lambda n: _order(n, end, True))
     size = len(parents)
     best = [-1.0] * (size + 1)
     ptr = [-1] * (size + 1)
@@ -664,7 +671,7 @@ def _assign_fifo(edges: list[_Edge], end: bool) -> dict[int, _Edge]:
     of starts (a call made on arrival)."""
     if end:
         edges = [e for e in edges if e.eo is not None and e.eo >= 0]
-    edges.sort(key=lambda e: (_order(e.child, end), not e.rid, _order(e.parent, end),
+    edges.sort(key=lambda e: (_order(e.child, end, True), not e.rid, _order(e.parent, end),
                               e.base))
     taken: dict[int, _Edge] = {}
     used: set[int] = set()
@@ -895,7 +902,9 @@ class _Linker:
         address = self._client_ip(u.conn) == self._server_ip(p.conn)
         if address:
             base -= _ADDRESS_BONUS_MS
-        so = (ur.ts_ns - pr.ts_ns) / 1e6
+        sent = u.syn_first_ns if u.syn_first_ns is not None and \
+            u.syn_first_ns >= pr.ts_ns else ur.ts_ns
+        so = (sent - pr.ts_ns) / 1e6
         eo = slack = None
         if pr.first_byte_ns is not None and ur.first_byte_ns is not None:
             eo = (pr.first_byte_ns - ur.first_byte_ns) / 1e6
@@ -981,7 +990,7 @@ def _label(e: _Edge, alts: Sequence[_Edge], by_pair: Mapping[tuple[int, int], _E
         if swap is None or swap.cost + a.cost - e.cost - other.cost >= AMBIGUITY_MS:
             continue
         pa, pe = _anchor_ns(a.parent, end), _anchor_ns(e.parent, end)
-        ca, ce = _anchor_ns(other.child, end), _anchor_ns(e.child, end)
+        ca, ce = _anchor_ns(other.child, end, True), _anchor_ns(e.child, end, True)
         # requests on one connection are handled in the order they came; on two, by
         # whichever worker took each, so arrival order is evidence only when they came
         # further apart than the pair's timing varies
@@ -1012,6 +1021,10 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         for i, r in enumerate(c.requests):
             n = Node(c, i, r)
             nodes[n.key] = n
+    for c in conns:
+        i = _first_request_index(c)
+        if i is not None and c.syn_ns is not None and c.syn_ns <= c.requests[i].ts_ns:
+            nodes[(c.id, i)].syn_first_ns = c.syn_ns
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
     edges = linker.candidates()
 
