@@ -429,7 +429,8 @@ class _PairStats:
     """The anchor chosen by the first estimates (None: the steadier offset here)."""
     chance_ms: float | None = None
     """Median gap between successive parents' anchors: how far a child taken by
-    chance would stray (the scale of :attr:`coupling`)."""
+    chance would stray where parents are dense (the slack the parent leaves, where
+    they are few and long: the smaller of the two is :attr:`coupling`'s scale)."""
 
     @property
     def anchor_is_end(self) -> bool:
@@ -443,8 +444,8 @@ class _PairStats:
         first parent to come by chance strays by about the gap between parents; one a
         proxy made strays by the proxy's jitter only."""
         spread = self.iqr_eo if self.anchor_is_end and self.iqr_eo is not None else self.iqr_so
-        scale = self.chance_ms if self.chance_ms is not None else self.med_slack
-        return spread / max(scale or 0.0, 0.001)
+        scales = [x for x in (self.chance_ms, self.med_slack) if x is not None]
+        return spread / max(min(scales) if scales else 0.0, 0.001)
 
 
 def _quantile(sorted_vals: Sequence[float], q: float) -> float:
@@ -593,24 +594,32 @@ def _decisive(edges: Sequence[_Edge], taken: dict[int, _Edge], used: set[int]) -
     """Take the links the evidence decides: the child's cheapest free parent, by at
     least :data:`DECISIVE_MS`, whose own cheapest free child it is, by as much. Repeated
     while that frees decisions (at most a few rounds)."""
+    inf = float("inf")
+
+    def keep(d: dict[int, list[Any]], key: int, e: _Edge) -> None:
+        two = d.get(key)  # [best edge, best cost, second cost]
+        if two is None:
+            d[key] = [e, e.cost, inf]
+        elif e.cost < two[1]:
+            two[0], two[1], two[2] = e, e.cost, two[1]
+        elif e.cost < two[2]:
+            two[2] = e.cost
+
     for _ in range(6):
-        best_c: dict[int, list[_Edge]] = defaultdict(list)
-        best_p: dict[int, list[_Edge]] = defaultdict(list)
+        best_c: dict[int, list[Any]] = {}
+        best_p: dict[int, list[Any]] = {}
         for e in edges:
-            if id(e.child) in taken or id(e.parent) in used:
+            c, p = id(e.child), id(e.parent)
+            if c in taken or p in used:
                 continue
-            for d, key in ((best_c, id(e.child)), (best_p, id(e.parent))):
-                two = d[key]
-                two.append(e)
-                two.sort(key=lambda x: x.cost)
-                del two[2:]
+            keep(best_c, c, e)
+            keep(best_p, p, e)
         added = 0
-        for two in best_c.values():
-            e = two[0]
-            if len(two) > 1 and two[1].cost - e.cost < DECISIVE_MS:
+        for e, cost, runner_up in best_c.values():
+            if runner_up - cost < DECISIVE_MS:
                 continue
             mine = best_p[id(e.parent)]
-            if mine[0] is not e or (len(mine) > 1 and mine[1].cost - e.cost < DECISIVE_MS):
+            if mine[0] is not e or mine[2] - cost < DECISIVE_MS:
                 continue
             if id(e.child) in taken or id(e.parent) in used:
                 continue
@@ -766,6 +775,10 @@ class _Linker:
         self._ips: dict[int, str] = {}
         self.median_wait: dict[tuple[Any, ...], int] = {}
         """Median time to first byte per group (ns)."""
+        self.clients: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+        """Client addresses per group."""
+        self.servers: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+        """Server addresses per group."""
         self.considered: set[tuple[Any, Any]] = set()
         """Pairs of groups that passed the pair tests (before the proxy share test)."""
         for n in nodes:
@@ -803,7 +816,21 @@ class _Linker:
         wp, wc = self.median_wait.get(pg), self.median_wait.get(cg)
         if wp is not None and wc is not None and wp <= wc:
             return False, False
+        if self._same_sender(pg, cg):
+            return False, False
         return True, False
+
+    def _same_sender(self, pg: tuple[Any, ...], cg: tuple[Any, ...]) -> bool:
+        """Every request of the child group was sent by a host that also sent the parent
+        group's requests as a client, and is not where the parent's server listens:
+        requests one client makes side by side, not a proxy's upstream calls (a capture
+        on a client host). Loopback addresses, which every local process shares, never
+        count."""
+        senders = self.clients.get(cg, set())
+        if not senders or any(ip.startswith("127.") or ip == "::1" for ip in senders):
+            return False
+        own = self.clients.get(pg, set()) - self.servers.get(pg, set())
+        return senders <= own
 
     def candidates(self) -> list[_Edge]:
         groups: dict[tuple[Any, ...], list[Node]] = defaultdict(list)
@@ -815,31 +842,43 @@ class _Linker:
             if n.wait_ns is not None:
                 waits[self.group[id(n)]].append(n.wait_ns)
         self.median_wait = {g: sorted(w)[len(w) // 2] for g, w in waits.items()}
-        index: dict[tuple[Any, ...], tuple[list[Node], list[int], int]] = {}
+        for n in self.nodes:
+            g = self.group[id(n)]
+            self.clients[g].add(self._client_ip(n.conn))
+            self.servers[g].add(self._server_ip(n.conn))
+        index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], int]] = {}
         for g, lst in groups.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
-            index[g] = (lst, [n.req.ts_ns for n in lst],
-                        max(n.window_end_ns - n.req.ts_ns for n in lst))
+            ends = [n.window_end_ns for n in lst]
+            index[g] = (lst, [n.req.ts_ns for n in lst], ends,
+                        max(e - n.req.ts_ns for n, e in zip(lst, ends, strict=True)))
         by_rid: dict[str, list[Node]] = defaultdict(list)
         for n in self.nodes:
             r = self.rid[id(n)]
             if r is not None and not is_resp(n.conn, n.req):
                 by_rid[r].append(n)
         edges: list[_Edge] = []
+        allowed: dict[tuple[Any, Any], tuple[bool, bool]] = {}
         for u in self.nodes:
             cg = self.group[id(u)]
             urid = self.rid[id(u)]
             seen: set[int] = set()
-            for pg, (lst, starts, longest) in index.items():
-                ok, declared = self._allowed(pg, cg)
+            u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
+            for pg, (lst, starts, ends, longest) in index.items():
+                verdict = allowed.get((pg, cg))
+                if verdict is None:
+                    verdict = allowed[(pg, cg)] = self._allowed(pg, cg)
+                ok, declared = verdict
                 if not ok:
                     continue
-                lo = bisect_left(starts, u.end_ns - longest)
-                hi = bisect_right(starts, u.req.ts_ns)
+                lo = bisect_left(starts, u_end - longest)
+                hi = bisect_right(starts, u_ts)
                 kept = 0
                 for k in range(hi - 1, max(lo, hi - MAX_SCAN) - 1, -1):
+                    if ends[k] < u_end:
+                        continue
                     p = lst[k]
-                    if not self._contains(p, u):
+                    if p.conn is uc or p.conn.server == uc.server:
                         continue
                     e = self._edge(p, u, pg, cg, declared, urid)
                     if e is None:
@@ -1029,6 +1068,15 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     edges = linker.candidates()
 
     estimates = _first_estimates(edges)
+    # pairs the statistics could never accept do not go through the refined rounds
+    sizes: dict[tuple[Any, ...], int] = defaultdict(int)
+    for n in nodes.values():
+        sizes[linker.group[id(n)]] += 1
+    viable = {pair for pair, st in estimates.items()
+              if st.address_share >= PROXY_MIN_SHARE * 0.5
+              or (st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX
+                  and st.n >= 0.5 * PROXY_MIN_SHARE * sizes[pair[1]])}
+    edges = [e for e in edges if e.declared or e.rid or (e.pgroup, e.cgroup) in viable]
     stats = _keep_anchors(_pair_stats(_matching(edges, estimates, by_kind=False)),
                           estimates)
     second = _matching(edges, stats, by_kind=False)
