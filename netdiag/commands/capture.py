@@ -13,6 +13,7 @@ import click
 
 from netdiag.console import stderr_console
 from netdiag.errors import InputError, NetdiagError
+from netdiag.textsafe import print_warning
 
 PROBE_GRACE_S = 0.5
 """Capture kept running after the last probe, for the packets closing its connections."""
@@ -253,7 +254,7 @@ def _finish_probes(err: Any, files: list[str], keys: bytes, keylog: str | None,
     render(result, Console())
     for w in result.capture.warnings:
         if w.kind == "capture":
-            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+            print_warning(w.message)
 
 
 @contextlib.contextmanager

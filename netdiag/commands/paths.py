@@ -9,7 +9,7 @@ from typing import IO
 import click
 
 from netdiag.commands.common import load_keylogs, resolve_profile
-from netdiag.console import stderr_console
+from netdiag.textsafe import print_warning
 
 EXIT_TRUNCATED = 3
 
@@ -94,9 +94,8 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
     finally:
         if output:
             out.close()
-    err = stderr_console()
     for w in result.capture.warnings:
         if w.kind == "capture":
-            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+            print_warning(w.message)
     if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)

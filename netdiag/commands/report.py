@@ -10,6 +10,7 @@ import click
 
 from netdiag.commands.common import keylog_paths, load_keylogs, resolve_profile
 from netdiag.console import stderr_console
+from netdiag.textsafe import print_warning
 
 EXIT_TRUNCATED = 3
 FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
@@ -138,7 +139,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                          profile, output)
     for w in result.capture.warnings:
         if w.kind == "capture":
-            err.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+            print_warning(w.message)
     return result
 
 

@@ -1,6 +1,9 @@
 """Rich renderables for paths: hop chains, the latency budget table, the differences.
 
-Formatters only: they build renderables, the command prints them.
+Formatters only: they build renderables, the command prints them. Names, servers,
+commands, sentences and finding text can come from the capture: every one goes through
+:mod:`netdiag.textsafe` (shown as text, never read as rich markup, control and
+bidirectional characters made visible).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from netdiag.analysis.stats import quantile
 from netdiag.paths.apply import PathsAnalysis
 from netdiag.paths.budget import HopBudget, PathBudget
 from netdiag.records import Connection
+from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_markup, safe_text
 
 
 def _fmt(values: Sequence[float], q: float) -> str:
@@ -30,7 +34,6 @@ def _servers(h: HopBudget, k: int = 3) -> str:
 
 def hop_tree(b: PathBudget, profile_path: bool) -> Any:
     """The path's hops as a tree, from who called whom in the chains."""
-    from rich.markup import escape
     from rich.tree import Tree
 
     how = "profile" if profile_path else "inferred"
@@ -40,7 +43,7 @@ def hop_tree(b: PathBudget, profile_path: bool) -> Any:
         linked = f"; {b.linked} linked to every hop"
         if b.ambiguous:
             linked += f", {b.ambiguous} ambiguous"
-    title = (f"[bold]{escape(b.name)}[/] ({how}): {b.requests} client request"
+    title = (f"[bold]{safe_markup(b.name)}[/] ({how}): {b.requests} client request"
              f"{'s' if b.requests != 1 else ''} on {len(b.client_connections)} "
              f"connection{'s' if len(b.client_connections) != 1 else ''}{reuse}{linked}")
     tree = Tree(title, highlight=False)
@@ -56,12 +59,12 @@ def hop_tree(b: PathBudget, profile_path: bool) -> Any:
     seen: set[str] = set()
 
     def label(h: HopBudget) -> str:
-        bits = [f"[bold]{escape(h.name)}[/] {escape(_servers(h))}"]
+        bits = [f"[bold]{safe_markup(h.name)}[/] {safe_markup(_servers(h))}"]
         if h.requests:
             bits.append(f"{h.requests} req on {len(h.connections)} conn")
         if h.commands:
-            bits.append(escape(", ".join(f"{cmd} ×{len(v)}"
-                                         for cmd, v in sorted(h.commands.items()))))
+            bits.append(safe_markup(", ".join(f"{cmd} ×{len(v)}"
+                                              for cmd, v in sorted(h.commands.items()))))
         return " · ".join(bits)
 
     def add(node: Any, h: HopBudget) -> None:
@@ -92,10 +95,10 @@ def budget_table(budgets: Sequence[PathBudget]) -> Any:
               title_justify="left", header_style="bold")
     t.add_column("phase")
     for b in budgets:
-        t.add_column(b.name, justify="right")
+        t.add_column(safe_cell(b.name), justify="right")
 
     def row(label: str, get: Any, style: str | None = None) -> None:
-        cells: list[Any] = [label]
+        cells: list[Any] = [safe_cell(label)]
         for b in budgets:
             vals = get(b)
             if not vals:
@@ -146,7 +149,7 @@ def differences(analysis: PathsAnalysis, declined: bool = True) -> Any:
     for d in analysis.differences:
         if d.supported and d.sentence not in said:
             said.add(d.sentence)
-            lines.append(Text("• " + d.sentence))
+            lines.append(Text("• " + safe_text(d.sentence, SENTENCE_LIMIT)))
     rest = [d for d in analysis.differences if not d.supported]
     if declined and rest:
         lines.append(Text(f"• {len(rest)} comparison{'s' if len(rest) != 1 else ''} without "
@@ -164,17 +167,17 @@ def _chain_line(steps: Sequence[Any]) -> Any:
     root = steps[0].node
     r = root.req
     ttfb = None if r.first_byte_ns is None else (r.first_byte_ns - r.ts_ns) / 1e6
-    t = Text(f"{root.label} {steps[0].what}", style="bold")
+    t = Text(f"{safe_text(root.label)} {safe_text(steps[0].what)}", style="bold")
     if ttfb is not None:
         t.append(f" {ttfb:.1f} ms")
     t.append(":")
     for st in steps:
         own = "" if st.own_ns is None else f" {st.own_ns / 1e6:.1f}"
         setup = "" if st.node.setup_ns is None else f" (+{st.node.setup_ns / 1e6:.1f} setup)"
-        t.append(f"\n  {'  ' * st.depth}{st.hop or st.conn.server}{own}{setup}")
+        t.append(f"\n  {'  ' * st.depth}{safe_text(st.hop or st.conn.server)}{own}{setup}")
         if st.node.link is not None:
             style = "yellow" if st.node.link == "ambiguous" else "dim"
-            t.append(f" [{st.node.link}]", style=style)
+            t.append(f" [{safe_text(st.node.link)}]", style=style)
     return t
 
 
@@ -191,7 +194,7 @@ def slowest_chains(analysis: PathsAnalysis) -> Any:
         if not b.multi_hop or not roots:
             continue
         worst = max(roots, key=lambda r: (r.req.first_byte_ns or 0) - r.req.ts_ns)
-        lines.append(Text(f"{name}: ", style="bold") + _chain_line(
+        lines.append(Text(f"{safe_text(name)}: ", style="bold") + _chain_line(
             analysis.chains.steps(worst)))
     if not lines:
         return None
@@ -209,11 +212,13 @@ def attribution_table(connections: Sequence[Connection]) -> Any:
     for c in connections:
         p = c.path
         if p is None:
-            t.add_row(c.id, c.client, c.server, "–", "–", "", "", style="dim")
+            t.add_row(safe_cell(c.id), safe_cell(c.client), safe_cell(c.server), "–", "–",
+                      "", "", style="dim")
             continue
-        t.add_row(c.id, c.client, c.server, p["name"], p["hop"],
+        t.add_row(safe_cell(c.id), safe_cell(c.client), safe_cell(c.server),
+                  safe_cell(p["name"]), safe_cell(p["hop"]),
                   "inferred" if p["inferred"] else "profile",
-                  "; ".join(p["evidence"][:2]))
+                  safe_cell("; ".join(map(str, p["evidence"][:2])), 1024))
     return t
 
 
@@ -228,7 +233,7 @@ def attribution_line(connections: Sequence[Connection]) -> str:
             none += 1
         else:
             counts[(c.path["name"], bool(c.path["inferred"]))] += 1
-    parts = [f"{n} on {name} ({'inferred' if inf else 'profile'})"
+    parts = [f"{n} on {safe_text(name)} ({'inferred' if inf else 'profile'})"
              for (name, inf), n in sorted(counts.items())]
     if dns:
         parts.append(f"{dns} DNS over TCP (no path)")
@@ -261,8 +266,9 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
         out.append(Text("Findings", style="bold"))
         for f in shown:
             color = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
-            out.append(Text.assemble((f"{f.severity:8} ", color), (f.title, "bold"),
-                                     "\n         ", f.detail))
+            out.append(Text.assemble((f"{safe_text(f.severity):8} ", color),
+                                     (safe_text(f.title, SENTENCE_LIMIT), "bold"),
+                                     "\n         ", safe_text(f.detail, SENTENCE_LIMIT)))
     if show_connections:
         out.append(attribution_table(connections))
     return out

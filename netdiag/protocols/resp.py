@@ -56,6 +56,15 @@ not RESP end the parsing of that direction with a warning; lost bytes inside a
 bulk string are skipped (the argument is then unknown), lost bytes anywhere else
 end that direction (an unknown number of messages was lost, so FIFO matching
 would be wrong from there on). Nothing raises for bad bytes.
+
+Numbers are never converted beyond what is needed: an integer (``:``), double or big
+number reply of any length (more digits than Python's ``int`` conversion allows,
+``sys.get_int_max_str_digits()``, included) is a scalar like any other, matched to its
+command, and parsing goes on; :attr:`RespAnalyzer.oversized_numbers` counts the
+numeric replies longer than :data:`MAX_NUMBER_DIGITS` digits. A length or count
+(``*``, ``$``, ``;``...) is read from its digits without ``int`` (leading zeros
+allowed); one above :data:`MAX_LENGTH`, whatever its number of digits, is "a length
+over 2**40": the value cannot be skipped, so that direction ends with a warning.
 """
 
 from __future__ import annotations
@@ -81,6 +90,10 @@ MAX_LENGTH = 1 << 40
 """Largest bulk-string length or aggregate count accepted."""
 MAX_WARNINGS = 32
 """Warnings kept per connection; one more line says the rest were dropped."""
+MAX_NUMBER_DIGITS = 4300
+"""Digits of a numeric reply above which :attr:`RespAnalyzer.oversized_numbers` counts
+it (Python's default ``int`` conversion limit; the value is never converted)."""
+_LENGTH_DIGITS = len(str(MAX_LENGTH))
 
 RESP_PORTS = frozenset({6379})
 """Server ports claimed for RESP whatever the first bytes (Redis's default port)."""
@@ -130,6 +143,18 @@ _SUBSCRIBES = frozenset((b"SUBSCRIBE", b"PSUBSCRIBE", b"SSUBSCRIBE", b"UNSUBSCRI
 _UNSUBSCRIBES = frozenset((b"unsubscribe", b"punsubscribe", b"sunsubscribe"))
 _CONFIRMS = frozenset(s.lower() for s in _SUBSCRIBES)
 _MESSAGES = frozenset((b"message", b"pmessage", b"smessage"))
+
+
+_NUMBERS = frozenset((_INT, _DOUBLE, _BIGNUM))
+
+
+def _length(digits: bytes) -> int:
+    """The value of ASCII ``digits`` (``isdigit()`` already true), or ``MAX_LENGTH + 1``
+    when it is larger than :data:`MAX_LENGTH`: never ``int()`` of thousands of digits."""
+    d = digits.lstrip(b"0")
+    if len(d) > _LENGTH_DIGITS:
+        return MAX_LENGTH + 1
+    return int(d) if d else 0
 
 
 def looks_like_resp(first: bytes) -> bool:
@@ -206,6 +231,9 @@ class RespAnalyzer:
         self._orphans = 0
         self.pushes = 0
         """Server values that were not replies (RESP3 pushes, pub/sub messages, monitor)."""
+        self.oversized_numbers = 0
+        """Numeric values (``:``, ``,``, ``(``) of more than :data:`MAX_NUMBER_DIGITS`
+        digits: kept as scalars, never converted."""
         self._closed = False
 
     # -- StreamAnalyzer interface ------------------------------------------------------
@@ -292,6 +320,10 @@ class RespAnalyzer:
         if self._orphans:
             self._warn(f"{self._orphans} repl{'ies' if self._orphans > 1 else 'y'} arrived "
                        "with no command outstanding")
+        if self.oversized_numbers:
+            n = self.oversized_numbers
+            self._warn(f"{n} number{'s' if n > 1 else ''} of more than {MAX_NUMBER_DIGITS} "
+                       "digits (read as opaque values, not converted)")
         self._fifo.clear()
         for side in self._sides:
             side.state = _STOPPED
@@ -415,7 +447,7 @@ class RespAnalyzer:
         digits = data[pos + 1:end]
         if not digits.isdigit():
             return 0
-        count = int(digits)
+        count = _length(digits)
         if count == 0 or count > 1024:
             return 0
         p = end + 2
@@ -430,7 +462,7 @@ class RespAnalyzer:
             if not digits.isdigit():
                 return 0
             start = e + 2
-            stop = start + int(digits)
+            stop = start + _length(digits)
             if data[stop:stop + 2] != b"\r\n":
                 return 0
             if i < MAX_ARGS:
@@ -450,7 +482,7 @@ class RespAnalyzer:
             digits = data[pos + 1:end]
             if not digits.isdigit():
                 return 0
-            stop = end + 2 + int(digits)
+            stop = end + 2 + _length(digits)
             if data[stop:stop + 2] != b"\r\n":
                 return 0
             p = stop + 2
@@ -475,6 +507,8 @@ class RespAnalyzer:
         """A line over MAX_LINE: True if it is skipped to its end (a scalar), else stop."""
         side.buf = bytearray()
         if head and head[0] in _SCALARS and (side.direction or side.stack or side.active):
+            if head[0] in _NUMBERS:  # MAX_LINE bytes already: over MAX_NUMBER_DIGITS
+                self.oversized_numbers += 1
             side.state = _SKIPLINE
             side.skip_first = head
             return True
@@ -500,6 +534,8 @@ class RespAnalyzer:
         t = line[0]
         if not stack:
             side.kind = t
+        if t in _NUMBERS and len(line) > MAX_NUMBER_DIGITS + 1:
+            self.oversized_numbers += 1
         if t in _SCALARS:
             if stack:
                 fr = stack[-1]
@@ -512,7 +548,7 @@ class RespAnalyzer:
             return
         body = line[1:]
         if body.isdigit():
-            count = int(body)
+            count = _length(body)
             if count > MAX_LENGTH:
                 self._garbage(side, line, "a length over 2**40", packet)
                 return
@@ -578,10 +614,10 @@ class RespAnalyzer:
     def _chunk_line(self, side: _Side, line: bytes, ts: int, packet: int) -> None:
         """A ``;<len>`` line of a streamed string."""
         body = line[1:]
-        if line[:1] != b";" or not body.isdigit() or int(body) > MAX_LENGTH:
+        size = _length(body) if body.isdigit() else -1
+        if line[:1] != b";" or not 0 <= size <= MAX_LENGTH:
             self._garbage(side, line, "not a streamed-string chunk", packet)
             return
-        size = int(body)
         if size == 0:
             side.state = _LINE
             self._string_done(side, ts)
@@ -768,7 +804,7 @@ def _first_key(name: bytes | None, args: list[bytes | None]) -> bytes | None:
     elif name in _NUMKEYS_AT_2 or name in _NUMKEYS_AT_1:
         nk = 2 if name in _NUMKEYS_AT_2 else 1
         num = args[nk] if len(args) > nk else None
-        if num is None or not num.isdigit() or int(num) == 0:
+        if num is None or not num.isdigit() or _length(num) == 0:
             return None
         at = nk + 1
     elif name in (b"XREAD", b"XREADGROUP"):

@@ -22,9 +22,15 @@ them, then any other column in alphabetical order, so two reports of the same ne
 version have the same header. Quoting follows RFC 4180 (``csv`` module, CRLF line
 ends, UTF-8 without BOM).
 
-Spreadsheets run cells that begin with ``=``, ``+``, ``-`` or ``@`` as formulas, and a
-capture is untrusted input: ``excel_safe=True`` prefixes such text cells with ``'``
-(numbers are left alone). It is off by default so that the files round-trip exactly.
+Spreadsheets run cells that begin with ``=``, ``+``, ``-`` or ``@`` (or a tab or a
+carriage return before one) as formulas, and a capture is untrusted input (a DNS name,
+an SNI, a path, a header can be ``=HYPERLINK(...)``): following OWASP's guidance on CSV
+injection, every *text* cell that begins with one of :data:`FORMULA_START` gets a
+leading ``'``, which spreadsheets hide and which stops the formula. Numbers are never
+touched (a negative duration stays ``-1.5``), nor are empty cells, booleans, or the
+compact JSON of lists and objects (it begins with ``[`` or ``{``). This is the default
+(what ``netdiag report --format csv`` writes); ``excel_safe=False`` writes text exactly
+as it is, for a program that reads the files back.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ REQUEST_COLUMNS = (
 )
 FINDING_COLUMNS = ("severity", "code", "title", "detail", "evidence")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""First characters of a text cell that a spreadsheet would read as a formula."""
 
 
 def _cell(v: Any) -> str:
@@ -100,19 +107,24 @@ def columns(rows: Iterable[dict[str, Any]], known: Sequence[str]) -> list[str]:
     return list(known) + extra
 
 
+def defuse(text: str) -> str:
+    """``text`` with a leading ``'`` when a spreadsheet would run it as a formula."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
 def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
            excel_safe: bool) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
-        w.writerow(header)
+        # a column can be named by a capture-borne key (a flattened map): defused too
+        w.writerow([defuse(k) for k in header] if excel_safe else header)
         for r in rows:
             cells = []
             for k in header:
                 v = r.get(k)
                 c = _cell(v)
-                if (excel_safe and not isinstance(v, int | float) and c
-                        and c.startswith(FORMULA_START)):
-                    c = "'" + c
+                if excel_safe and isinstance(v, str):
+                    c = defuse(c)
                 cells.append(c)
             w.writerow(cells)
 
@@ -150,10 +162,11 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "value": v} for k, v in head.items()]
 
 
-def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = False
+def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
               ) -> list[Path]:
     """Write the five CSV files of ``doc`` into ``outdir`` (created if needed); returns
-    their paths: dns, connections, requests, findings, summary."""
+    their paths: dns, connections, requests, findings, summary. ``excel_safe``: text
+    cells a spreadsheet would run as a formula get a leading ``'`` (the default)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     tables: list[tuple[str, list[str], list[dict[str, Any]]]] = []

@@ -24,6 +24,11 @@ How HAR's timing phases are filled (all in milliseconds, rounded to the microsec
   handshake was not captured: ``blocked``, ``dns``, ``connect`` and ``ssl`` are
   ``-1`` and ``startedDateTime`` is the request's own ``ts``.
 
+Times outside what ISO 8601 dates can say (before year 1 or after 9999: a pcapng
+interface with an extreme ``if_tsoffset``) are written clamped to
+:data:`ISO_MIN`/:data:`ISO_MAX`; the entry's ``comment`` and the log's say so, and
+:func:`build_har` reports the count through its ``warn`` callback.
+
 Redis commands (``protocol`` ``resp``) are not HTTP and are left out. Requests
 inferred from encrypted TLS records say so in ``comment``; what they cannot show
 (method, path, status, headers) is empty. netdiag's own facts (connection, stream,
@@ -33,9 +38,13 @@ path attribution, streaming) are in the ``_netdiag`` custom field of each entry.
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from netdiag.textsafe import print_warning
 
 ESTIMATED_COMMENT = "estimated from encrypted TLS record timing (no key log)"
 DNS_WINDOW_S = 5.0
@@ -48,9 +57,30 @@ HTTP_VERSIONS = {"h2": "HTTP/2", "h2c": "HTTP/2", "http/1.1": "HTTP/1.1",
                  "http/1.0": "HTTP/1.0", "h3": "HTTP/3"}
 
 
+ISO_MIN = "0001-01-01T00:00:00.000000Z"
+"""The earliest ``startedDateTime`` written (a time before it is clamped to it)."""
+ISO_MAX = "9999-12-31T23:59:59.999999Z"
+"""The latest ``startedDateTime`` written (a time after it is clamped to it)."""
+_TS_MIN = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_TS_MAX = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+CLAMPED_COMMENT = ("startedDateTime clamped: the capture's time is outside the years "
+                   "1-9999 ISO 8601 can write")
+
+
+def in_iso_range(ts: float) -> bool:
+    """``ts`` (epoch seconds) is a date ISO 8601 can write (years 1 to 9999)."""
+    return math.isfinite(ts) and _TS_MIN <= ts < _TS_MAX + 1
+
+
 def iso8601(ts: float) -> str:
-    """Epoch seconds to ISO 8601 UTC with microseconds (``2026-11-29T15:00:30.935948Z``)."""
-    dt = datetime.fromtimestamp(ts, tz=UTC)
+    """Epoch seconds to ISO 8601 UTC with microseconds (``2026-11-29T15:00:30.935948Z``);
+    a time outside years 1-9999 is clamped to :data:`ISO_MIN` / :data:`ISO_MAX`."""
+    if not in_iso_range(ts):
+        return ISO_MIN if ts < 0 else ISO_MAX
+    try:
+        dt = datetime.fromtimestamp(ts, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return ISO_MIN if ts < 0 else ISO_MAX
     return dt.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
@@ -322,13 +352,21 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
     }
     if page is not None:
         entry["pageref"] = page
-    if estimated:
-        entry["comment"] = ESTIMATED_COMMENT
+    notes = [ESTIMATED_COMMENT] if estimated else []
+    if not in_iso_range(start):
+        custom["started_clamped"] = True
+        notes.append(CLAMPED_COMMENT)
+    if notes:
+        entry["comment"] = "; ".join(notes)
     return start, entry
 
 
-def build_har(doc: dict[str, Any]) -> dict[str, Any]:
-    """HAR 1.2 (``{"log": {...}}``) of every HTTP request in a contract document."""
+def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_warning
+              ) -> dict[str, Any]:
+    """HAR 1.2 (``{"log": {...}}``) of every HTTP request in a contract document.
+
+    ``warn`` gets one line when times had to be clamped (default: printed on standard
+    error; None: only the HAR's comments say so)."""
     dns_of = attribute_dns(doc)
     cap = doc.get("capture") or {}
     files = [str(f) for f in cap.get("files") or []]
@@ -358,9 +396,21 @@ def build_har(doc: dict[str, Any]) -> dict[str, Any]:
             "comment": "the whole capture; entries are its HTTP requests",
         }]
     log["entries"] = [e for *_, e in entries]
-    estimated = sum(1 for *_, e in entries if e.get("comment") == ESTIMATED_COMMENT)
+    estimated = sum(1 for *_, e in entries
+                    if str(e.get("comment", "")).startswith(ESTIMATED_COMMENT))
     notes = [f"measured by netdiag from packet capture {', '.join(files) or '(unnamed)'}"]
     if estimated:
         notes.append(f"{estimated} of {len(entries)} entries are {ESTIMATED_COMMENT}")
+    clamped = sum(1 for *_, e in entries if e["_netdiag"].get("started_clamped"))
+    if first_ts is not None and not in_iso_range(first_ts):
+        clamped += 1
+        log["pages"][0]["comment"] += f"; {CLAMPED_COMMENT}"
+    if clamped:
+        what = (f"{clamped} startedDateTime value{'s' if clamped != 1 else ''} clamped to "
+                f"{ISO_MIN[:4]}..{ISO_MAX[:4]} (capture times outside the years ISO 8601 "
+                "can write; the _netdiag fields keep the epoch seconds)")
+        notes.append(what)
+        if warn is not None:
+            warn(f"HAR: {what}")
     log["comment"] = "; ".join(notes)
     return {"log": log}

@@ -1,4 +1,10 @@
-"""The rich terminal report: what an on-call engineer reads in ten seconds."""
+"""The rich terminal report: what an on-call engineer reads in ten seconds.
+
+Every string that comes from the capture (SNI, server, protocol names, DNS rcodes,
+TLS versions, warnings, finding titles, details and evidence) goes through
+:mod:`netdiag.textsafe`: shown as text, never read as rich markup, with control and
+bidirectional characters made visible.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,13 @@ from rich.text import Text
 
 from netdiag.pipeline import Result
 from netdiag.report.units import ms_text
+from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_text
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+WARNING_LIMIT = 1024
+"""Characters of a capture warning (or of the file names) shown in the header."""
+FINDING_LIMIT = SENTENCE_LIMIT
+"""Characters of a finding's title or detail shown (they quote capture-borne names)."""
 
 
 _ms = ms_text
@@ -31,16 +42,17 @@ def _header(result: Result) -> Panel:
     cap = result.capture
     dur = None if cap.first_ns is None or cap.last_ns is None else (cap.last_ns - cap.first_ns)
     text = Text()
-    text.append(", ".join(cap.files), style="bold")
+    text.append(safe_text(", ".join(cap.files), WARNING_LIMIT), style="bold")
     text.append(f"\n{cap.packets:,} packets, {cap.bytes:,} bytes")
     if dur is not None:
         text.append(f", {_ms(dur / 1e6)} of traffic")
     if cap.link_types:
-        text.append(f", link {'/'.join(cap.link_types)}")
+        text.append(f", link {safe_text('/'.join(cap.link_types))}")
     if cap.truncated:
         text.append("\nTRUNCATED: ", style="bold red")
         first = next((w for w in cap.warnings if w.kind == "capture"), None)
-        text.append(first.message if first else "the capture is damaged", style="red")
+        text.append(safe_text(first.message, WARNING_LIMIT) if first
+                    else "the capture is damaged", style="red")
     other = len(cap.warnings) + cap.warnings_dropped
     if other:
         text.append(f"\n{other} warning(s); see --format json for details", style="dim")
@@ -68,12 +80,13 @@ def _counts(s: dict[str, Any]) -> Text:
                 f"{dns['retransmissions']} retried")
     rc = {k: v for k, v in dns["rcodes"].items() if k != "NOERROR"}
     if rc:
-        text.append(", " + ", ".join(f"{k} {v}" for k, v in rc.items()))
+        text.append(", " + safe_text(", ".join(f"{k} {v}" for k, v in rc.items())))
     text.append("\nTCP ", style="bold")
     text.append(f"{tcp['connections']} connections, {tcp['retransmissions']} retransmissions, "
                 f"{tcp['reset_connections']} reset")
     text.append("\nTLS ", style="bold")
-    vers = ", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items())) or "none"
+    vers = safe_text(", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items()))
+                     ) or "none"
     text.append(f"{tls['handshakes']} handshakes ({vers}), {tls['resumed']} resumed, "
                 f"{tls['hello_retry']} HelloRetryRequest, {tls['decrypted']} decrypted")
     st = s["http"]["streaming"]
@@ -96,7 +109,7 @@ def _reuse_line(result: Result, s: dict[str, Any]) -> Text:
     text.append("HTTP ", style="bold")
     text.append(f"{http['requests']} requests on {http['connections']} connections, reuse ")
     text.append(f"{rate * 100:.0f}%", style=f"bold {style}")
-    protos = ", ".join(f"{k} {v}" for k, v in http["protocols"].items())
+    protos = safe_text(", ".join(f"{k} {v}" for k, v in http["protocols"].items()))
     if protos:
         text.append(f" ({protos})")
     if http["estimated"]:
@@ -127,9 +140,9 @@ def _slowest(result: Result, n: int = 5) -> Table | None:
         t.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         ttfb = _num(r["ttfb_ms"]) + ("~" if r["estimated"] and r["ttfb_ms"] is not None else "")
-        t.add_row(r["id"], r["server"], r["sni"] or "-", r["protocol"] or "-",
-                  _num(r["rtt_ms"]), _num(r["tls_ms"]), ttfb, str(r["requests"]),
-                  str(r["retransmissions"]))
+        t.add_row(safe_cell(r["id"]), safe_cell(r["server"]), safe_cell(r["sni"] or "-"),
+                  safe_cell(r["protocol"] or "-"), _num(r["rtt_ms"]), _num(r["tls_ms"]),
+                  ttfb, str(r["requests"]), str(r["retransmissions"]))
     return t
 
 
@@ -142,12 +155,14 @@ def _findings(findings: list[Any]) -> Group | Table:
     t.add_column("finding", ratio=1)
     for f in findings:
         body = Text()
-        body.append(f.title, style="bold")
-        body.append(f"\n{f.detail}")
+        body.append(safe_text(f.title, FINDING_LIMIT), style="bold")
+        body.append("\n" + safe_text(f.detail, FINDING_LIMIT))
         if f.evidence:
-            shown = ", ".join(f.evidence[:6]) + (" ..." if len(f.evidence) > 6 else "")
+            shown = ", ".join(safe_text(e) for e in f.evidence[:6]) + (
+                " ..." if len(f.evidence) > 6 else "")
             body.append(f"\nevidence: {shown}", style="dim")
-        t.add_row(Text(f.severity.upper(), style=SEVERITY_STYLE.get(f.severity, "")), body)
+        t.add_row(Text(safe_text(f.severity.upper()),
+                       style=SEVERITY_STYLE.get(f.severity, "")), body)
     return t
 
 

@@ -22,6 +22,13 @@ client random or need data this program does not keep.
 
 Secrets are key material: nothing here prints them. Error messages say which line
 is wrong and why, never what it holds, and ``repr`` shows counts only.
+
+A key log file is read in pieces, never whole: at most :data:`MAX_KEYLOG_BYTES` bytes
+(64 MiB, about 300 000 lines; ``NETDIAG_KEYLOG_MAX_MB`` sets another limit in MiB) and
+lines of at most :data:`MAX_LINE_BYTES` (1 MiB). A file beyond either limit (a key log
+that never ends, such as ``/dev/zero``, or one that is not a key log) is an input error
+naming the limit, raised as soon as the limit is passed, before anything is parsed:
+a key log cut short would silently decrypt less, so none of it is used.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from netdiag.errors import InputError
 
@@ -55,6 +63,14 @@ LABELS: dict[str, tuple[int, ...]] = {
     EXPORTER_SECRET: (32, 48),
 }
 """The labels kept, with the secret lengths each may have."""
+
+MAX_KEYLOG_BYTES = 64 * 1024 * 1024
+"""Largest key log file read (bytes), unless ``NETDIAG_KEYLOG_MAX_MB`` says otherwise."""
+MAX_LINE_BYTES = 1024 * 1024
+"""Longest line of a key log file (bytes); real lines are under 300."""
+MAX_ENV = "NETDIAG_KEYLOG_MAX_MB"
+"""Environment variable: the largest key log file read, in MiB (a positive integer)."""
+_READ_CHUNK = 256 * 1024
 
 _LABEL_RE = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 _HEX_RE = re.compile(r"[0-9a-fA-F]*\Z")
@@ -128,12 +144,16 @@ class KeyLog:
         return log
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> KeyLog:
-        """Read a key log file; InputError when it cannot be read or is malformed."""
+    def from_file(cls, path: str | os.PathLike[str], max_bytes: int | None = None,
+                  max_line: int = MAX_LINE_BYTES) -> KeyLog:
+        """Read a key log file; InputError when it cannot be read, is malformed, is
+        larger than ``max_bytes`` (default :func:`max_keylog_bytes`) or has a line
+        longer than ``max_line`` bytes."""
         name = os.fspath(path)
+        limit = max_keylog_bytes() if max_bytes is None else max_bytes
         try:
             with open(name, "rb") as f:
-                data = f.read()
+                data = _read_capped(f, name, limit, max_line)
         except OSError as e:
             raise InputError(f"cannot read key log {name}: {e.strerror or e}") from None
         return cls.parse(data, name)
@@ -199,6 +219,59 @@ class KeyLog:
     def __reduce__(self) -> object:
         # Pickling (to a worker process) keeps the secrets but never shows them.
         return (_rebuild, (self.to_bytes(), list(self.sources)))
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):g} MiB" if n >= 1024 * 1024 else f"{n} bytes"
+
+
+def max_keylog_bytes() -> int:
+    """The size limit of a key log file: ``$NETDIAG_KEYLOG_MAX_MB`` MiB when set, else
+    :data:`MAX_KEYLOG_BYTES`. InputError when the variable is not a positive integer."""
+    env = os.environ.get(MAX_ENV)
+    if env is None or not env.strip():
+        return MAX_KEYLOG_BYTES
+    try:
+        mib = int(env.strip())
+    except ValueError:
+        mib = 0
+    if not 0 < mib <= 1 << 20:
+        raise InputError(f"{MAX_ENV} must be a whole number of MiB between 1 and "
+                         f"{1 << 20}")
+    return mib * 1024 * 1024
+
+
+def _read_capped(f: BinaryIO, name: str, max_bytes: int, max_line: int) -> bytes:
+    """All of ``f``, read in chunks; InputError once more than ``max_bytes`` bytes or a
+    line longer than ``max_line`` bytes has been seen (the rest is never read)."""
+    chunks: list[bytes] = []
+    total = 0
+    line_len = 0      # bytes of the line still open at the end of what was read
+    lines = 0         # line ends seen
+    chunk_size = max(1, min(_READ_CHUNK, max_line))
+    while True:
+        chunk = f.read(min(chunk_size, max_bytes + 1 - total))
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > max_bytes:
+            raise InputError(f"key log {name} is larger than {_mib(max_bytes)}, the most "
+                             f"netdiag reads ({MAX_ENV} sets another limit; or keep only "
+                             "the lines of this capture's connections)")
+        first = chunk.find(b"\n")
+        if first < 0:
+            line_len += len(chunk)
+        else:
+            if line_len + first > max_line:
+                line_len += first
+            else:
+                lines += chunk.count(b"\n")
+                line_len = len(chunk) - chunk.rfind(b"\n") - 1
+        if line_len > max_line:
+            raise InputError(f"{name}:{lines + 1}: line longer than {_mib(max_line)}: "
+                             "not a key log (lines of 'LABEL CLIENT_RANDOM SECRET')")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _rebuild(data: bytes, sources: list[str]) -> KeyLog:
