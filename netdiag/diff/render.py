@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from netdiag.textsafe import SENTENCE_LIMIT, safe_text
+
 UP, DOWN, SAME = "↑", "↓", "="
 
 
@@ -124,8 +126,8 @@ def render_text(result: dict[str, Any], console: Console) -> None:
     from rich import box
 
     console.print(Text("netdiag diff", style="bold"))
-    console.print(Text("A: ") + Text(_side(result["a"])))
-    console.print(Text("B: ") + Text(_side(result["b"])))
+    console.print(Text("A: ") + Text(safe_text(_side(result["a"]), SENTENCE_LIMIT)))
+    console.print(Text("B: ") + Text(safe_text(_side(result["b"]), SENTENCE_LIMIT)))
     rows = list(result["latency"]) + [p["ttfb"] for p in result.get("paths") or []]
     table = Table(title="Latency percentiles, ms (A → B, delta B − A)", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1))
@@ -182,7 +184,7 @@ def render_text(result: dict[str, Any], console: Console) -> None:
             pt.add_column(col)
         for p in paths:
             m = p["ttfb"]
-            pt.add_row(Text(str(p["name"])),
+            pt.add_row(Text(safe_text(p["name"])),
                        f"{p['requests'].get('a', '–')}→{p['requests'].get('b', '–')}",
                        f"{fmt_pct(p['reuse_rate'].get('a'))}→{fmt_pct(p['reuse_rate'].get('b'))}",
                        _pair_cell(m["a"], m["b"], "p50", m["delta"].get("p50"),
@@ -195,13 +197,16 @@ def render_text(result: dict[str, Any], console: Console) -> None:
         console.print(Text("  none on either side", style="dim"))
     for e in f["appeared"]:
         console.print(Text("  + appeared: ", style="red") +
-                      Text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title')}"))
+                      Text(safe_text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title')}",
+                                     SENTENCE_LIMIT)))
     for e in f["gone"]:
         console.print(Text("  − gone:     ", style="green") +
-                      Text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title')}"))
+                      Text(safe_text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title')}",
+                                     SENTENCE_LIMIT)))
     for e in f["unchanged"]:
         console.print(Text("  = still:    ", style="dim") +
-                      Text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title_b')}"))
+                      Text(safe_text(f"[{e.get('severity')}] {e.get('code')}: {e.get('title_b')}",
+                                     SENTENCE_LIMIT)))
 
 
 # ----------------------------------------------------------------------------- JSON
