@@ -710,3 +710,18 @@ def test_no_output_format_carries_a_secret(source: str, tmp_path: Path) -> None:
         low = text.lower()
         leaked = [s[:8] for s in secrets if s in low or s[:32] in low]
         assert not leaked, f"{fmt} shows secrets starting {leaked}"
+
+
+@pytest.mark.parametrize("which", ["far", "negative"])
+def test_capture_first_and_last_times_hold_beyond_2_62_ns(far_and_negative: dict[str, Path],
+                                                         which: str) -> None:
+    """The capture's first and last times are its packets' own, however far out."""
+    from netdiag.capture.reader import CaptureReader
+
+    with CaptureReader(far_and_negative[which]) as r:
+        times = [ts for ts, *_ in r.packets()]
+    p = run("report", str(far_and_negative[which]), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    cap = json.loads(p.stdout)["capture"]
+    assert cap["first_ts"] == pytest.approx(min(times) / 1e9, rel=1e-12)
+    assert cap["last_ts"] == pytest.approx(max(times) / 1e9, rel=1e-12)

@@ -86,8 +86,9 @@ class FlowTable:
         next_sweep = self._next_sweep
         udp = self._udp
         flows_get = self.flows.get
-        first = self.first_ns if self.first_ns is not None else 1 << 62
-        last = self.last_ns if self.last_ns is not None else -(1 << 62)
+        # beyond any timestamp a capture can hold (if_tsoffset reaches 2**63 s)
+        first = self.first_ns if self.first_ns is not None else 1 << 126
+        last = self.last_ns if self.last_ns is not None else -(1 << 126)
         ts = 0
         for ts, ltype, data, _wire in packets:
             pkt += 1
