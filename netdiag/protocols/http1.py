@@ -36,6 +36,19 @@ any other ``101``, or a ``2xx`` to ``CONNECT``, makes the connection a tunnel an
 parsing stops without a warning; any other answer releases the held bytes as HTTP/1.x.
 A client stream opening with the HTTP/2 preface (prior knowledge) goes to
 ``Http2Analyzer(protocol="h2c", upgrade_request=None)`` from its first byte.
+
+Bounded state, linear time (issue 11). Held client bytes are a deque that a release
+consumes from the front: when the released bytes carry another Upgrade/CONNECT
+request, the rest stays where it is instead of being copied into a new hold, so
+every held byte is handled a bounded number of times however many such requests
+are pipelined. Past :data:`MAX_HELD` the bytes are read as HTTP/1.x (once per
+connection: ``limits_hit["http1_held_bytes"]``, one warning); at ``close`` all held
+bytes are read, later Upgrade requests included. At most
+:data:`MAX_PENDING_REQUESTS` requests are followed while awaiting their response:
+beyond, the oldest stops being followed (its record stays, without a response; the
+response that may still come for it is read and discarded, so later responses stay
+matched in order), counted in ``limits_hit["http1_pending_requests"]`` with one
+warning.
 """
 
 from __future__ import annotations
@@ -57,6 +70,16 @@ MAX_HELD = 256 * 1024
 """Client bytes held while an Upgrade/CONNECT answer is awaited; beyond, read as HTTP/1.x."""
 MAX_WARNINGS = 32
 """Warnings kept per connection; one more line says the rest were dropped."""
+MAX_PENDING_REQUESTS = 4096
+"""Requests followed at once while they await their response (pipelining); beyond, the
+oldest stops being followed (``limits_hit["http1_pending_requests"]``)."""
+
+LIMIT_PENDING = "http1_pending_requests"
+"""``limits_hit`` key: requests no longer followed because :data:`MAX_PENDING_REQUESTS`
+others awaited a response."""
+LIMIT_HELD = "http1_held_bytes"
+"""``limits_hit`` key: times the client sent over :data:`MAX_HELD` bytes after an
+Upgrade/CONNECT request without an answer."""
 
 # Parser states of one direction.
 _HEAD = 0  # reading a header section (or the blank lines between messages)
@@ -109,7 +132,7 @@ class _Side:
         self.tail_lost = False
         self.req: Request | None = None
         """Client: the request being read. Server: the request being answered."""
-        self.held: list[tuple[int, bytes | None, int]] = []
+        self.held: deque[tuple[int, bytes | None, int]] = deque()
         """Held client input: ``(ts, data, packet)`` or ``(ts, None, lost bytes)``."""
         self.held_len = 0
 
@@ -135,6 +158,16 @@ class Http1Analyzer:
         """Accepted switch (``h2`` or ``tunnel``) to apply when that request's body ends."""
         self._orphans = 0
         self._closed = False
+        self._skip = 0
+        """Requests no longer followed (the oldest pending) whose responses are still owed."""
+        self._scratch: Request | None = None
+        """Stands for the oldest such request while its response is read."""
+        self._releasing = False
+        self._no_hold = False
+        """Set at ``close``: an Upgrade/CONNECT request no longer holds what follows."""
+        self.limits_hit: dict[str, int] = {}
+        """Caps reached on this connection, by kind (:data:`LIMIT_PENDING`,
+        :data:`LIMIT_HELD`); empty when none was."""
 
     # -- HttpAnalyzer interface --------------------------------------------------------
 
@@ -211,6 +244,7 @@ class Http1Analyzer:
         srv, cli = self._server, self._client
         if cli.state == _HELD and cli.held:  # never answered: read what followed as HTTP/1.x
             self._wait_req = None
+            self._no_hold = True
             self._release(cli)
         self._closed = True
         if srv.state == _CLOSE_BODY:
@@ -219,10 +253,10 @@ class Http1Analyzer:
             req = srv.req
             if req is not None:
                 self._fill_response(req, srv)
-                self._warn(f"the connection ended inside the response to "
-                           f"{_label(req)} ({srv.body} body bytes seen)")
-                if self._fifo and self._fifo[0] is req:
-                    self._fifo.popleft()
+                if req is not self._scratch:
+                    self._warn(f"the connection ended inside the response to "
+                               f"{_label(req)} ({srv.body} body bytes seen)")
+                self._pop_front(req)
         elif srv.state == _HEAD and srv.buf:
             self._warn("the connection ended inside a response header section")
         if cli.state in (_BODY, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER) and cli.req:
@@ -230,17 +264,19 @@ class Http1Analyzer:
             self._warn(f"the connection ended inside the request {_label(cli.req)}")
         elif cli.state == _HEAD and cli.buf:
             self._warn("the connection ended inside a request header section")
-        if self._fifo and srv.state not in (_STOPPED, _H2):
-            n = len(self._fifo)
+        if (self._fifo or self._skip) and srv.state not in (_STOPPED, _H2):
+            n = len(self._fifo) + self._skip
+            first = ("one no longer followed" if self._skip else _label(self._fifo[0]))
             self._warn(f"{n} request{'s' if n > 1 else ''} got no complete response "
-                       f"before the connection ended (first: {_label(self._fifo[0])})")
+                       f"before the connection ended (first: {first})")
         if self._orphans:
             self._warn(f"{self._orphans} response(s) arrived with no request outstanding")
         for side in self._sides:
             if side.state != _H2:
                 side.state = _STOPPED
             side.buf = bytearray()
-            side.held = []
+            side.held = deque()
+            side.held_len = 0
         if self._h2 is not None:
             self._h2.close(ts_ns)
 
@@ -315,8 +351,10 @@ class Http1Analyzer:
                 return n
             side.msg_ts = ts
             side.msg_pkt = packet
-            if side.direction and self._fifo and self._fifo[0].first_byte_ns is None:
-                self._fifo[0].first_byte_ns = ts  # the first server byte after the request
+            if side.direction and (self._fifo or self._skip):
+                front = self._front()
+                if front is not None and front.first_byte_ns is None:
+                    front.first_byte_ns = ts  # the first server byte after the request
             m = _HEAD_END.search(data, pos, pos + MAX_HEAD)
             if m is not None:
                 end = m.end()
@@ -525,12 +563,14 @@ class Http1Analyzer:
         if self._protocol is None:
             self._protocol = protocol
         self._requests.append(req)
+        if len(self._fifo) >= MAX_PENDING_REQUESTS:
+            self._forget_oldest()
         self._fifo.append(req)
         framing = self._framing(side, index, True, packet)
         if framing is None:  # seen, but where it ends is unknown: requests stop here
             return
         side.req = req
-        if method == "CONNECT" or "upgrade" in index:
+        if (method == "CONNECT" or "upgrade" in index) and not self._no_hold:
             self._wait_req = req
         chunked, length = framing
         if not chunked and not length:
@@ -549,7 +589,7 @@ class Http1Analyzer:
                              f"stopped parsing responses")
             return
         headers, index = self._fields(block, side, packet)
-        req = self._fifo[0] if self._fifo else None
+        req = self._front()
         if req is None:
             self._orphans += 1
         if code < 200:
@@ -596,8 +636,7 @@ class Http1Analyzer:
         tokens = {t.strip(" \t").lower() for t in ",".join(index.get("upgrade", [])).split(",")}
         if req is not None:
             req.status = 101
-        if self._fifo and self._fifo[0] is req:
-            self._fifo.popleft()
+        self._pop_front(req)
         if "h2c" in tokens and not self._tls and req is not None:
             if self._start_h2(req, "an h2c upgrade"):
                 side.state = _H2
@@ -631,8 +670,11 @@ class Http1Analyzer:
             self._switch = (req, switch)  # the request body is still coming
 
     def _apply_switch(self, cli: _Side, switch: str) -> None:
-        held, cli.held, cli.held_len = cli.held, [], 0
         cli.buf = bytearray()
+        if self._releasing:  # the release loop feeds the rest in the new state
+            cli.state = _H2 if switch == "h2" and self._h2 is not None else _STOPPED
+            return
+        held, cli.held, cli.held_len = cli.held, deque(), 0
         if switch == "h2" and self._h2 is not None:
             cli.state = _H2
             for ts, data, x in held:
@@ -644,23 +686,98 @@ class Http1Analyzer:
             cli.state = _STOPPED
 
     def _release(self, cli: _Side) -> None:
-        """Read the held client bytes as HTTP/1.x after all."""
-        held, cli.held, cli.held_len = cli.held, [], 0
-        cli.state = _HEAD
-        for ts, data, x in held:
-            if data is None:
-                self.gap(0, ts, x)
-            else:
-                self._run(cli, ts, data, 0, x)
+        """Read the held client bytes as HTTP/1.x after all.
+
+        Consumes ``cli.held`` from the front, each piece in the state the bytes before it
+        left (as HTTP/1.x, to the HTTP/2 analyzer after a switch, or dropped once
+        stopped). When the bytes read hold the client again (another Upgrade/CONNECT
+        request), the rest stays in ``cli.held`` (``_hold`` puts the remainder of the
+        current piece back in front) and the loop stops, unless that hold is over
+        :data:`MAX_HELD` too.
+        """
+        if self._releasing:  # the running loop goes on with what is held
+            return
+        self._releasing = True
+        try:
+            cli.state = _HEAD
+            held = cli.held
+            while held and held is cli.held:  # (``_stop`` drops what is held)
+                if cli.state == _HELD:
+                    if cli.held_len <= MAX_HELD:
+                        break
+                    self._held_overflow(cli)
+                    cli.state = _HEAD
+                ts, data, x = held.popleft()
+                if data is None:
+                    self.gap(0, ts, x)
+                else:
+                    cli.held_len -= len(data)
+                    self._run(cli, ts, data, 0, x)
+        finally:
+            self._releasing = False
 
     def _hold(self, cli: _Side, ts: int, data: bytes, packet: int) -> None:
+        if self._releasing:  # the rest of the piece being released: back in front
+            cli.held.appendleft((ts, data, packet))
+            cli.held_len += len(data)
+            return
         cli.held.append((ts, data, packet))
         cli.held_len += len(data)
         if cli.held_len > MAX_HELD:
+            self._held_overflow(cli)
+            self._release(cli)
+
+    def _held_overflow(self, cli: _Side) -> None:
+        """Over :data:`MAX_HELD` bytes held: they are read as HTTP/1.x (one warning, naming
+        the packet whose bytes went over)."""
+        if LIMIT_HELD not in self.limits_hit:
+            total, packet = 0, 0
+            for _ts, data, x in cli.held:
+                if data is not None:
+                    total += len(data)
+                    packet = x
+                    if total > MAX_HELD:
+                        break
             self._warn(f"the client sent over {MAX_HELD} bytes after an Upgrade/CONNECT "
                        f"request without an answer; reading them as HTTP/1.x (packet {packet})")
+        self.limits_hit[LIMIT_HELD] = self.limits_hit.get(LIMIT_HELD, 0) + 1
+        self._wait_req = None
+
+    # -- requests awaiting a response ---------------------------------------------------
+
+    def _front(self) -> Request | None:
+        """The request the next response answers (a scratch one for a request no longer
+        followed), None when none is pending."""
+        if self._skip:
+            if self._scratch is None:
+                self._scratch = Request(ts_ns=0, estimated=False)
+            return self._scratch
+        return self._fifo[0] if self._fifo else None
+
+    def _pop_front(self, req: Request | None) -> None:
+        """``req``'s response ended (or switched): the next one answers the next request."""
+        if self._skip:
+            if req is not None and req is self._scratch:
+                self._skip -= 1
+                self._scratch = None
+        elif self._fifo and self._fifo[0] is req:
+            self._fifo.popleft()
+
+    def _forget_oldest(self) -> None:
+        """:data:`MAX_PENDING_REQUESTS` await a response: stop following the oldest."""
+        old = self._fifo.popleft()
+        if self._server.req is not old:  # else its response is being read: nothing owed
+            self._skip += 1
+        if self._wait_req is old:
             self._wait_req = None
-            self._release(cli)
+            if self._client.state == _HELD:
+                self._release(self._client)
+        n = self.limits_hit.get(LIMIT_PENDING, 0)
+        if not n:
+            self._warn(f"more than {MAX_PENDING_REQUESTS} requests awaited a response at "
+                       f"once; the oldest are no longer followed (their responses, if any, "
+                       f"are not matched)")
+        self.limits_hit[LIMIT_PENDING] = n + 1
 
     def _start_h2(self, upgrade: Request | None, what: str) -> bool:
         try:
@@ -698,8 +815,7 @@ class Http1Analyzer:
             if req is not None:
                 req.last_byte_ns = ts
                 self._fill_response(req, side)
-                if self._fifo and self._fifo[0] is req:
-                    self._fifo.popleft()
+                self._pop_front(req)
             side.sse = None
             return
         req = side.req
@@ -735,7 +851,8 @@ class Http1Analyzer:
         side.state = _STOPPED
         side.buf = bytearray()
         if not side.direction:
-            side.held = []
+            side.held = deque()
+            side.held_len = 0
 
     def _warn(self, message: str) -> None:
         add_warning(self._warnings, message, MAX_WARNINGS,

@@ -91,6 +91,23 @@ per TCP segment falling inside a DATA body, 4-7 µs per DATA frame of a small-ev
 event-stream frames; hyperframe's own header+body parse of one DATA frame costs
 2.3-2.8 µs, which is why DATA frames bypass it.
 
+Bounded state, linear time (issue 11). SETTINGS_INITIAL_WINDOW_SIZE changes move one
+offset that every stream window is read through, instead of visiting the streams;
+with more than :data:`FC_INDEX_OVER` streams open, the streams whose stall starts or
+ends are taken from two heaps ordered by window (pending streams not stalled, stalled
+ones) rather than found by a scan; the results are those of the scan (a DATA frame
+whose last byte was lost, after which a stall may disagree with its windows, makes
+the next check a scan again, as before). Flow-control bookkeeping is allowed
+:data:`FC_WORK_BASE` steps plus :data:`FC_WORK_PER_FRAME` per frame; past that (a
+connection window shut and opened again and again over thousands of streams) flow
+control is no longer tracked. At most :data:`MAX_OPEN_STREAMS` streams are followed:
+beyond, the oldest stops being followed (its request stays as seen, its later frames
+are ignored). The HPACK dynamic table of each direction honours the receiver's
+SETTINGS_HEADER_TABLE_SIZE up to :data:`MAX_HPACK_TABLE`. Header blocks longer than
+:data:`HPACK_WHOLE` bytes are handed to hpack in runs of whole fields (its decoder
+copies the rest of its input at every literal field). Each cap reached is counted in
+``limits_hit`` (keys ``LIMIT_*``) with one warning.
+
 h2c upgrade: pass ``upgrade_request`` (the HTTP/1.1 request with ``Upgrade: h2c``);
 it becomes stream 1, already half-closed by the client, and its response is read
 from the server's HTTP/2 frames on stream 1. Feed the client bytes from the
@@ -105,10 +122,13 @@ response like any 1xx) is kept, else it is the first HEADERS on stream 1;
 from __future__ import annotations
 
 import base64
+import heapq
 import struct
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from hpack import Decoder
+from hpack import Decoder, HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
 from hyperframe.frame import Frame
 
 from netdiag.protocols.base import add_warning
@@ -166,6 +186,36 @@ MAX_HEADER_LIST = 1 << 20
 """Longest decoded header list (guards against HPACK amplification)."""
 MAX_WARNINGS = 20
 """Warnings kept per connection; one more line says the rest were dropped."""
+MAX_OPEN_STREAMS = 4096
+"""Streams followed at once (opened by the client, not yet ended by both sides); beyond,
+the oldest stops being followed (``limits_hit["http2_open_streams"]``)."""
+MAX_HPACK_TABLE = 1 << 16
+"""Largest HPACK dynamic table kept per direction, whatever SETTINGS_HEADER_TABLE_SIZE
+allows (``limits_hit["http2_hpack_table"]``): a peer that uses more loses the decoding
+of its later headers."""
+HPACK_WHOLE = 1024
+"""Header blocks up to this long go to ``hpack.Decoder.decode`` in one call; longer ones
+in runs of whole fields of about :data:`HPACK_PIECE` bytes (hpack copies the rest of
+the block for every literal field, quadratic in the block's length)."""
+HPACK_PIECE = 512
+"""Target length of one such run."""
+FC_WORK_BASE = 1 << 18
+"""Flow-control bookkeeping steps (stalls started or ended, streams visited) allowed per
+connection before counting frames; each frame allows :data:`FC_WORK_PER_FRAME` more.
+Beyond, flow control is no longer tracked (``limits_hit["http2_flow_control"]``)."""
+FC_WORK_PER_FRAME = 64
+"""Flow-control bookkeeping steps each frame adds to the allowance."""
+FC_INDEX_OVER = 64
+"""With more streams open than this, the streams whose stall may change are found
+through heaps ordered by window instead of a scan of every stream."""
+
+LIMIT_OPEN_STREAMS = "http2_open_streams"
+"""``limits_hit`` key: streams no longer followed because :data:`MAX_OPEN_STREAMS` were."""
+LIMIT_HPACK_TABLE = "http2_hpack_table"
+"""``limits_hit`` key: a peer grew its HPACK table beyond :data:`MAX_HPACK_TABLE` (which
+its receiver's SETTINGS_HEADER_TABLE_SIZE allowed): its later headers are not decoded."""
+LIMIT_FLOW_CONTROL = "http2_flow_control"
+"""``limits_hit`` key: flow-control tracking stopped after too much bookkeeping."""
 
 CLIENT = 0
 SERVER = 1
@@ -184,15 +234,123 @@ def setting_name(ident: int) -> str:
     return SETTING_NAMES.get(ident) or f"0x{ident:x}"
 
 
+def _int_end(block: bytes, pos: int, prefix: int) -> int:
+    """End of the HPACK integer at ``pos`` (``prefix`` bits), as ``hpack`` would read it;
+    -1 when it runs past the block or is longer than ``hpack`` accepts."""
+    if block[pos] & prefix != prefix:
+        return pos + 1
+    n = len(block)
+    i = pos + 1
+    while i < n:
+        if i - pos > 5:  # hpack's VARINT_MAX_LENGTH
+            return -1
+        if block[i] < 128:
+            return i + 1
+        i += 1
+    return -1
+
+
+def _field_end(block: bytes, pos: int) -> tuple[int, bool]:
+    """(end of the header field representation at ``pos``, is a table size update);
+    end -1 when it cannot be delimited (left to ``hpack`` to report)."""
+    b = block[pos]
+    if b & 0x80:  # indexed
+        return _int_end(block, pos, 0x7F), False
+    if b & 0x40:  # literal with incremental indexing
+        mask = 0x3F
+    elif b & 0x20:  # dynamic table size update
+        return _int_end(block, pos, 0x1F), True
+    else:  # literal without indexing / never indexed
+        mask = 0x0F
+    n = len(block)
+    if b & mask:
+        end = _int_end(block, pos, mask)
+        strings = 1
+    else:
+        end = pos + 1
+        strings = 2
+    for _ in range(strings):
+        if end < 0 or end >= n:
+            return -1, False
+        start = end
+        end = _int_end(block, start, 0x7F)
+        if end < 0:
+            return -1, False
+        length = block[start] & 0x7F
+        if length == 0x7F:
+            shift = 0
+            length = 0x7F
+            for k in range(start + 1, end):
+                length += (block[k] & 0x7F) << shift
+                shift += 7
+        end += length
+        if end > n:
+            return -1, False
+    return end, False
+
+
+def _pieces(block: bytes) -> Iterator[tuple[bytes, bool]]:
+    """Runs of whole fields of about :data:`HPACK_PIECE` bytes, each with whether hpack
+    would then meet a table size update after a field (an error it reports before
+    reading the update)."""
+    n = len(block)
+    pos = start = 0
+    seen_field = False
+    while pos < n:
+        end, update = _field_end(block, pos)
+        if end < 0:
+            break
+        if update and seen_field:
+            yield block[start:pos], True
+            return
+        seen_field = seen_field or not update
+        pos = end
+        if pos - start >= HPACK_PIECE:
+            yield block[start:pos], False
+            start = pos
+    if start < n:
+        yield block[start:], False
+
+
+def _decode_block(decoder: Decoder, block: bytes) -> Iterable[Any]:
+    """``decoder.decode(block, raw=True)``, in linear time for long blocks.
+
+    A block longer than :data:`HPACK_WHOLE` is decoded in runs of whole fields (the
+    table, the header list size limit and hpack's errors are those of one call: a run
+    that cannot be delimited goes whole to hpack, which reports it).
+    """
+    if len(block) <= HPACK_WHOLE:
+        return decoder.decode(block, raw=True)
+    headers: list[Any] = []
+    inflated = 0
+    limit = decoder.max_header_list_size
+    try:
+        for piece, misplaced in _pieces(block):
+            decoder.max_header_list_size = limit - inflated
+            try:
+                got = decoder.decode(piece, raw=True)
+            except OversizedHeaderListError:
+                raise OversizedHeaderListError(
+                    f"A header list larger than {limit} has been received") from None
+            headers.extend(got)
+            if misplaced:
+                raise HPACKDecodingError("Table size update not at the start of the block")
+            for name, value in got:
+                inflated += 32 + len(name) + len(value)
+    finally:
+        decoder.max_header_list_size = limit
+    return headers
+
+
 class _Dir:
     """Parsing state of one direction."""
 
     __slots__ = (
         "block", "block_end_stream", "block_kind", "block_lost", "block_sid", "block_ts",
         "body", "decoder", "f_off", "f_pkt", "f_ts", "flags", "frames", "ftype", "hdr",
-        "hdr_off", "hdr_pkt", "hdr_ts", "header9", "hpack_ok", "last_lost", "length",
-        "lost", "max_frame_size", "offset", "pad_len", "pad_pending", "preface_left",
-        "remaining", "sid", "stopped",
+        "hdr_off", "hdr_pkt", "hdr_ts", "header9", "hpack_allowed", "hpack_ok", "last_lost",
+        "length", "lost", "max_frame_size", "offset", "pad_len", "pad_pending",
+        "preface_left", "remaining", "sid", "stopped",
     )
 
     def __init__(self) -> None:
@@ -223,6 +381,8 @@ class _Dir:
         self.last_lost = False
         # HPACK and the header block being assembled.
         self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.hpack_allowed = 0
+        """Largest SETTINGS_HEADER_TABLE_SIZE of the receiver above MAX_HPACK_TABLE (0: none)."""
         self.hpack_ok = True
         self.block: bytearray | None = None
         self.block_sid: int | None = None
@@ -236,13 +396,17 @@ class _Stream:
     """State of one client-initiated stream."""
 
     __slots__ = (
-        "client_ended", "final", "gaps", "last_chunk_ns", "req", "responded", "server_ended",
-        "sse", "sse_broken", "stall_start", "window",
+        "client_ended", "fc_ver", "final", "gaps", "last_chunk_ns", "req", "responded",
+        "server_ended", "sse", "sse_broken", "stall_start", "window",
     )
 
     def __init__(self, req: Request, window: int) -> None:
         self.req = req
         self.window = window
+        """Flow-control window less the analyzer's ``_shift`` (the sum of the
+        SETTINGS_INITIAL_WINDOW_SIZE changes, which apply to every open stream)."""
+        self.fc_ver = 0
+        """Bumped at every change of window or stall: older heap entries are stale."""
         self.client_ended = False
         self.server_ended = False
         self.responded = False
@@ -281,6 +445,25 @@ class Http2Analyzer:
         self._conn_window = DEFAULT_WINDOW
         self._init_window = DEFAULT_WINDOW
         self._stalled: set[int] = set()
+        self._shift = 0
+        """Added to every ``_Stream.window`` (INITIAL_WINDOW_SIZE changes, O(1) each)."""
+        self._fc_dirty = False
+        """The stall of some stream may disagree with its windows (a DATA frame's last
+        byte was lost): the next check visits every stream, as it always did."""
+        self._fc_indexed = False
+        self._open_heap: list[tuple[int, int, int, _Stream]] = []
+        """Pending streams not stalled, by window: ``(window, seq, fc_ver, stream)``."""
+        self._stalled_heap: list[tuple[int, int, int, _Stream]] = []
+        """Stalled streams, largest window first: ``(-window, seq, fc_ver, stream)``."""
+        self._fc_seq = 0
+        self._fc_bulk = False
+        self._fc_spent = 0
+        """Flow-control bookkeeping steps so far (see :meth:`_charge`)."""
+        self._open_order: deque[tuple[int, _Stream]] = deque()
+        """Streams in the order they opened (stale entries skipped): the oldest goes first."""
+        self.limits_hit: dict[str, int] = {}
+        """Caps reached on this connection, by kind (:data:`LIMIT_OPEN_STREAMS`,
+        :data:`LIMIT_HPACK_TABLE`, :data:`LIMIT_FLOW_CONTROL`); empty when none was."""
         if upgrade_request is not None:
             self._start_upgrade(upgrade_request)
 
@@ -578,14 +761,24 @@ class Http2Analyzer:
                            f"was lost; later {_SIDES[direction]} headers are not decoded")
             else:
                 try:
-                    raw = d.decoder.decode(bytes(block), raw=True)
+                    raw = (d.decoder.decode(bytes(block), raw=True) if len(block) <= HPACK_WHOLE
+                           else _decode_block(d.decoder, bytes(block)))
                     headers = [(bytes(k).decode("utf-8", "replace"),
                                 bytes(v).decode("utf-8", "replace")) for k, v in raw]
                 except Exception as exc:  # hpack raises several types for bad blocks
                     d.hpack_ok = False
-                    self._warn(f"http2: {_SIDES[direction]} header block of stream {sid} "
-                               f"could not be decoded ({type(exc).__name__}: {exc}); later "
-                               f"{_SIDES[direction]} headers are not decoded")
+                    if d.hpack_allowed and isinstance(exc, InvalidTableSizeError):
+                        # Within what the peer allowed, beyond what netdiag keeps.
+                        self.limits_hit[LIMIT_HPACK_TABLE] = (
+                            self.limits_hit.get(LIMIT_HPACK_TABLE, 0) + 1)
+                        self._warn(f"http2: the {_SIDES[direction]} grew its HPACK table "
+                                   f"beyond the {MAX_HPACK_TABLE} bytes netdiag keeps (it was "
+                                   f"allowed {d.hpack_allowed}); later {_SIDES[direction]} "
+                                   f"headers are not decoded")
+                    else:
+                        self._warn(f"http2: {_SIDES[direction]} header block of stream {sid} "
+                                   f"could not be decoded ({type(exc).__name__}: {exc}); "
+                                   f"later {_SIDES[direction]} headers are not decoded")
         d.block_lost = False
         if sid is None or d.block_kind == PUSH_PROMISE:
             return
@@ -618,22 +811,55 @@ class Http2Analyzer:
         st = _Stream(req, self._init_window)
         st.client_ended = True
         self._max_client_sid = 1
+        st.window -= self._shift
         self._open_stream(st, req.ts_ns)
 
     def _open_stream(self, st: _Stream, ts: int) -> None:
         sid = st.req.stream_id or 0
-        self._streams[sid] = st
+        streams = self._streams
+        if len(streams) >= MAX_OPEN_STREAMS:
+            self._forget_oldest(ts)
+        streams[sid] = st
+        order = self._open_order
+        order.append((sid, st))
+        n = len(streams)
+        if len(order) > 2 * n + 64:
+            self._open_order = deque(e for e in order if streams.get(e[0]) is e[1])
         self._requests.append(st.req)
-        if self._concurrency_ok and len(self._streams) > self._max_open:
-            self._max_open = len(self._streams)
-        if self._fc_ok and min(st.window, self._conn_window) <= 0:
+        if self._concurrency_ok and n > self._max_open:
+            self._max_open = n
+        if self._fc_ok and min(st.window + self._shift, self._conn_window) <= 0:
             self._start_stall(st, ts)
+        elif self._fc_indexed:
+            self._index(st)
+
+    def _forget_oldest(self, ts: int) -> None:
+        """:data:`MAX_OPEN_STREAMS` are open: stop following the one opened first (its
+        request stays, as seen so far; an open stall ends at ``ts``)."""
+        streams = self._streams
+        while self._open_order:
+            sid, st = self._open_order.popleft()
+            if streams.get(sid) is st:
+                break
+        else:
+            return
+        if st.stall_start is not None:
+            self._end_stall(st, ts)
+        del streams[sid]
+        st.fc_ver += 1
+        n = self.limits_hit.get(LIMIT_OPEN_STREAMS, 0)
+        if not n:
+            self._warn(f"http2: more than {MAX_OPEN_STREAMS} streams open at once; the "
+                       f"oldest are no longer followed (their later frames are ignored)")
+        self.limits_hit[LIMIT_OPEN_STREAMS] = n + 1
 
     def _maybe_close(self, st: _Stream) -> None:
         client_done = st.client_ended or self._dirs[CLIENT].stopped
         server_done = st.server_ended or self._dirs[SERVER].stopped
         if client_done and server_done:
-            self._streams.pop(st.req.stream_id or 0, None)
+            sid = st.req.stream_id or 0
+            if self._streams.get(sid) is st:
+                del self._streams[sid]
 
     def _client_headers(self, sid: int, headers: list[tuple[str, str]] | None, ts: int,
                         end_stream: bool, last: int | None) -> None:
@@ -658,7 +884,7 @@ class Http2Analyzer:
                         host = value
                 if req.authority is None:
                     req.authority = host
-            st = _Stream(req, self._init_window)
+            st = _Stream(req, self._init_window - self._shift)
             self._open_stream(st, ts)
         if end_stream and not st.client_ended:
             st.client_ended = True
@@ -726,6 +952,8 @@ class Http2Analyzer:
         st.req.last_byte_ns = last
         if st.stall_start is not None:
             self._end_stall(st, last if last is not None else st.stall_start)
+        if self._fc_indexed:
+            st.fc_ver += 1  # no longer pending: out of the heaps
         self._maybe_close(st)
 
     def _server_data(self, d: _Dir, last: int | None) -> None:
@@ -738,8 +966,11 @@ class Http2Analyzer:
             self._conn_window -= length
         if st is None:
             self._unmatched_stream(sid)
-            if closed_now and last is not None:
-                self._stall_all(last)
+            if closed_now:
+                if last is not None:
+                    self._stall_all(last)
+                else:
+                    self._fc_dirty = True
             return
         req = self._respond(st)
         if d.pad_len < 0:
@@ -786,8 +1017,12 @@ class Http2Analyzer:
             if last is not None:
                 if closed_now:
                     self._stall_all(last, except_ended=st if d.flags & FLAG_END_STREAM else None)
-                elif st.window <= 0 and not d.flags & FLAG_END_STREAM:
+                elif st.window + self._shift <= 0 and not d.flags & FLAG_END_STREAM:
                     self._start_stall(st, last)
+            elif length:
+                self._fc_dirty = True
+            if self._fc_indexed and length and st.stall_start is None:
+                self._index(st)  # its window went down (a stalled one changes nothing)
         if d.flags & FLAG_END_STREAM:
             self._server_end(st, last)
 
@@ -823,6 +1058,8 @@ class Http2Analyzer:
         if st.stall_start is not None:
             self._end_stall(st, last if last is not None else d.f_ts)
         st.client_ended = st.server_ended = True
+        if self._fc_indexed:
+            st.fc_ver += 1  # no longer pending: out of the heaps
         self._maybe_close(st)
 
     def _goaway_frame(self, d: _Dir, direction: int) -> None:
@@ -857,6 +1094,9 @@ class Http2Analyzer:
             if ident == SETTING_HEADER_TABLE_SIZE:
                 # The receiver's setting caps the table its peer's encoder may use.
                 dec = other.decoder
+                if value > MAX_HPACK_TABLE:
+                    other.hpack_allowed = max(other.hpack_allowed, value)
+                    value = MAX_HPACK_TABLE
                 dec.max_allowed_table_size = max(dec.max_allowed_table_size, value)
             elif ident == SETTING_MAX_FRAME_SIZE:
                 other.max_frame_size = max(other.max_frame_size, min(value, LARGEST_FRAME_SIZE))
@@ -864,8 +1104,7 @@ class Http2Analyzer:
                 delta = value - self._init_window
                 self._init_window = value
                 if self._fc_ok and delta:
-                    for st in self._streams.values():
-                        st.window += delta
+                    self._shift += delta  # every stream's window moves by delta
                     self._check_stalls(ts)
 
     def _start_stall(self, st: _Stream, ts: int) -> None:
@@ -873,6 +1112,8 @@ class Http2Analyzer:
             st.stall_start = ts
             self._stalled.add(st.req.stream_id or 0)
             self._stalls += 1
+            if self._fc_indexed:
+                self._index(st)
 
     def _end_stall(self, st: _Stream, ts: int) -> None:
         start = st.stall_start
@@ -881,24 +1122,154 @@ class Http2Analyzer:
         st.stall_start = None
         self._stalled.discard(st.req.stream_id or 0)
         st.req.stall_ns = (st.req.stall_ns or 0) + max(ts - start, 0)
+        if self._fc_indexed:
+            self._index(st)
+
+    # Streams whose stall may change are found without visiting every stream once more
+    # than FC_INDEX_OVER are open: the pending ones not stalled sit in a min-heap by
+    # window (an entry's key is at most the stream's window: a DATA frame re-indexes),
+    # the stalled ones in a max-heap (key at least the window: a WINDOW_UPDATE
+    # re-indexes). Stale entries (``fc_ver`` changed) are skipped, an entry whose key is
+    # off is pushed again with the stream's window, and both heaps are rebuilt when
+    # stale entries outnumber the streams. While every stall agrees with its windows
+    # (not ``_fc_dirty``), the result is that of the scan.
+
+    def _index(self, st: _Stream) -> None:
+        """File ``st`` (again) in the heap of its state, if its response is pending."""
+        st.fc_ver += 1
+        if st.server_ended:
+            return
+        self._fc_seq += 1
+        if st.stall_start is None:
+            heapq.heappush(self._open_heap, (st.window, self._fc_seq, st.fc_ver, st))
+        else:
+            heapq.heappush(self._stalled_heap, (-st.window, self._fc_seq, st.fc_ver, st))
+        if not self._fc_bulk:
+            self._compact_index()
+
+    def _compact_index(self) -> None:
+        """Rebuild the heaps once stale entries outnumber the streams."""
+        if len(self._open_heap) + len(self._stalled_heap) > 2 * len(self._streams) + 64:
+            self._build_index()
+
+    def _build_index(self) -> None:
+        """(Re)build both heaps from the open streams."""
+        self._fc_indexed = True
+        opened: list[tuple[int, int, int, _Stream]] = []
+        stalled: list[tuple[int, int, int, _Stream]] = []
+        seq = self._fc_seq
+        for st in self._streams.values():
+            st.fc_ver += 1
+            if st.server_ended:
+                continue
+            seq += 1
+            if st.stall_start is None:
+                opened.append((st.window, seq, st.fc_ver, st))
+            else:
+                stalled.append((-st.window, seq, st.fc_ver, st))
+        self._fc_seq = seq
+        heapq.heapify(opened)
+        heapq.heapify(stalled)
+        self._open_heap, self._stalled_heap = opened, stalled
+        self._charge(len(self._streams))
+
+    def _use_index(self) -> bool:
+        """True when stalls are to be found through the heaps (else by a scan)."""
+        if self._fc_dirty:
+            return False
+        if not self._fc_indexed and len(self._streams) > FC_INDEX_OVER:
+            self._build_index()
+        return self._fc_indexed
+
+    def _charge(self, steps: int) -> bool:
+        """Count flow-control bookkeeping; past the allowance (:data:`FC_WORK_BASE` plus
+        :data:`FC_WORK_PER_FRAME` a frame), stop tracking (False)."""
+        self._fc_spent += steps
+        dirs = self._dirs
+        allowed = FC_WORK_BASE + FC_WORK_PER_FRAME * (dirs[0].frames + dirs[1].frames)
+        if self._fc_spent > allowed and self._fc_ok:
+            self.limits_hit[LIMIT_FLOW_CONTROL] = self.limits_hit.get(LIMIT_FLOW_CONTROL, 0) + 1
+            self._warn(f"http2: flow-control bookkeeping went over {FC_WORK_PER_FRAME} steps "
+                       f"a frame; flow control is no longer tracked")
+            self._fc_stop()
+        return self._fc_ok
 
     def _stall_all(self, ts: int, except_ended: _Stream | None = None) -> None:
         """The connection window closed at ``ts``: every pending response stalls."""
-        for st in self._streams.values():
-            if st is not except_ended and not st.server_ended and st.stall_start is None:
-                self._start_stall(st, ts)
+        if self._use_index():
+            entries = self._open_heap
+            if not self._charge(len(entries)):
+                return
+            self._open_heap = []
+            keep: list[tuple[int, int, int, _Stream]] = []
+            self._fc_bulk = True
+            for entry in entries:
+                st = entry[3]
+                if st.fc_ver != entry[2]:
+                    continue
+                if st is except_ended or st.server_ended or st.stall_start is not None:
+                    keep.append(entry)
+                else:
+                    self._start_stall(st, ts)
+            self._fc_bulk = False
+            for entry in keep:
+                heapq.heappush(self._open_heap, entry)
+            self._compact_index()
+        else:
+            if not self._charge(len(self._streams)):
+                return
+            for st in list(self._streams.values()):
+                if st is not except_ended and not st.server_ended and st.stall_start is None:
+                    self._start_stall(st, ts)
+        self._fc_dirty = False  # every pending response is stalled, as the windows say
 
     def _check_stalls(self, ts: int) -> None:
         """Start or end stalls after a window change at ``ts``."""
         conn = self._conn_window
-        for st in self._streams.values():
-            if st.server_ended:
+        if not self._use_index():
+            if not self._charge(len(self._streams)):
+                return
+            shift = self._shift
+            for st in list(self._streams.values()):
+                if st.server_ended:
+                    continue
+                open_ = min(st.window + shift, conn) > 0
+                if open_ and st.stall_start is not None:
+                    self._end_stall(st, ts)
+                elif not open_ and st.stall_start is None:
+                    self._start_stall(st, ts)
+            self._fc_dirty = False
+            return
+        if conn <= 0:
+            return  # every pending response is stalled already
+        limit = -self._shift  # a stream's window is open when st.window > limit
+        self._fc_bulk = True  # (no rebuild of the heaps while they are walked)
+        heap = self._stalled_heap
+        steps = 0
+        while heap and -heap[0][0] > limit:
+            _key, _seq, ver, st = heapq.heappop(heap)
+            steps += 1
+            if st.fc_ver != ver:
                 continue
-            open_ = min(st.window, conn) > 0
-            if open_ and st.stall_start is not None:
+            if st.window > limit:
                 self._end_stall(st, ts)
-            elif not open_ and st.stall_start is None:
+            else:  # its window went down since (DATA): file it at its window
+                self._fc_seq += 1
+                heapq.heappush(heap, (-st.window, self._fc_seq, ver, st))
+        heap = self._open_heap
+        while heap and heap[0][0] <= limit:
+            _key, _seq, ver, st = heapq.heappop(heap)
+            steps += 1
+            if st.fc_ver != ver:
+                continue
+            if st.window <= limit:
                 self._start_stall(st, ts)
+            else:  # its window went up since (WINDOW_UPDATE): file it at its window
+                self._fc_seq += 1
+                heapq.heappush(heap, (st.window, self._fc_seq, ver, st))
+        self._fc_bulk = False
+        if steps and self._charge(steps):
+            self._compact_index()
 
     def _window_update(self, d: _Dir, direction: int, last: int | None) -> None:
         if direction != CLIENT or not self._fc_ok:
@@ -919,14 +1290,20 @@ class Http2Analyzer:
             st = self._streams.get(d.sid)
             if st is not None:
                 st.window += frame.window_increment
-                if st.stall_start is not None and min(st.window, self._conn_window) > 0:
-                    self._end_stall(st, ts)
+                if st.stall_start is not None:
+                    if min(st.window + self._shift, self._conn_window) > 0:
+                        self._end_stall(st, ts)
+                    elif self._fc_indexed and frame.window_increment:
+                        self._index(st)  # still stalled, at a larger window
 
     def _fc_stop(self) -> None:
         """Flow-control state is no longer known: stop tracking it."""
         if not self._fc_ok:
             return
         self._fc_ok = False
+        self._fc_indexed = False
+        self._open_heap = []
+        self._stalled_heap = []
         last = self._last_seen_ts()
         for sid in list(self._stalled):
             st = self._streams.get(sid)
