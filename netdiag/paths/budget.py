@@ -312,51 +312,50 @@ def _hop_names(chains: Chains, root: Node, path: str) -> list[str]:
 def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
     """Add one chain's per-hop figures to its path's budget: what each hop served (every
     chain), and the time each took of the client's wait (complete chains only)."""
-    if True:  # (one block: the figures of one chain)
-        own: dict[str, int] = defaultdict(int)
-        own_seen: set[str] = set()
-        parts: dict[str, list[int]] = {}
-        setup: dict[str, int] = defaultdict(int)
-        think: int | None = None
-        for st in chains.steps(root):
-            n = st.node
-            hop = st.hop or "?"
-            if st.path is not None and st.path != b.name:
-                hop = f"{st.path}.{hop}"
-            hb = b.hop(hop)
-            hb.depth = st.depth if hb.depth is None else min(hb.depth, st.depth)
-            if n.parent is not None:
-                pp = n.parent.conn.path
-                phop = "?" if pp is None else (
-                    pp["hop"] if pp["name"] == b.name else f"{pp['name']}.{pp['hop']}")
-                hb.callers[phop] += 1
-            if n.wait_ns is not None:
-                hb.wait.append(n.wait_ns / 1e6)
-                if is_resp(n.conn, n.req):
-                    hb.commands[n.req.method or "?"].append(n.wait_ns / 1e6)
-            if not st.in_ttfb or not complete:
-                continue
-            if st.own_ns is not None:
-                own[hop] += st.own_ns
-                own_seen.add(hop)
-            if st.parts_ns is not None:
-                acc = parts.setdefault(hop, [0, 0, 0])
-                for k in range(3):
-                    acc[k] += st.parts_ns[k]
-            if n.setup_ns is not None and st.depth > 0:
-                setup[hop] += n.setup_ns
-            if hop == b.origin_hop and n.wait_ns is not None:
-                think = (think or 0) + n.wait_ns
-        for hop in own_seen:
-            b.hop(hop).own.append(own[hop] / 1e6)
-        for hop, acc in parts.items():
-            split = b.hop(hop).own_split
-            for k, key in enumerate(("before_calls", "between_calls", "after_calls")):
-                split[key].append(acc[k] / 1e6)
-        for hop, ns in setup.items():
-            b.hop(hop).setup.append(ns / 1e6)
-        if think is not None:
-            b.think.append(think / 1e6)
+    own: dict[str, int] = defaultdict(int)
+    own_seen: set[str] = set()
+    parts: dict[str, list[int]] = {}
+    setup: dict[str, int] = defaultdict(int)
+    think: int | None = None
+    for st in chains.steps(root):
+        n = st.node
+        hop = st.hop or "?"
+        if st.path is not None and st.path != b.name:
+            hop = f"{st.path}.{hop}"
+        hb = b.hop(hop)
+        hb.depth = st.depth if hb.depth is None else min(hb.depth, st.depth)
+        if n.parent is not None:
+            pp = n.parent.conn.path
+            phop = "?" if pp is None else (
+                pp["hop"] if pp["name"] == b.name else f"{pp['name']}.{pp['hop']}")
+            hb.callers[phop] += 1
+        if n.wait_ns is not None:
+            hb.wait.append(n.wait_ns / 1e6)
+            if is_resp(n.conn, n.req):
+                hb.commands[n.req.method or "?"].append(n.wait_ns / 1e6)
+        if not st.in_ttfb or not complete:
+            continue
+        if st.own_ns is not None:
+            own[hop] += st.own_ns
+            own_seen.add(hop)
+        if st.parts_ns is not None:
+            acc = parts.setdefault(hop, [0, 0, 0])
+            for k in range(3):
+                acc[k] += st.parts_ns[k]
+        if n.setup_ns is not None and st.depth > 0:
+            setup[hop] += n.setup_ns
+        if hop == b.origin_hop and n.wait_ns is not None:
+            think = (think or 0) + n.wait_ns
+    for hop in own_seen:
+        b.hop(hop).own.append(own[hop] / 1e6)
+    for hop, acc in parts.items():
+        split = b.hop(hop).own_split
+        for k, key in enumerate(("before_calls", "between_calls", "after_calls")):
+            split[key].append(acc[k] / 1e6)
+    for hop, ns in setup.items():
+        b.hop(hop).setup.append(ns / 1e6)
+    if think is not None:
+        b.think.append(think / 1e6)
 
 
 def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Connection]],
