@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
-"""Measure netdiag against tshark on a large capture: wall time, packets/s, peak memory.
+"""Measure netdiag as users run it against tshark on the same captures: time, memory, ratios.
 
-    python benchmarks/bench.py                     # 1M packets, builds the capture if missing
+    python benchmarks/bench.py                     # 1M packets; builds the captures if missing
     python benchmarks/bench.py --packets 200000 --repeat 3
-    python benchmarks/bench.py --file some.pcap --skip-tshark --json
+    python benchmarks/bench.py --scaling           # also 1x / 4x / 16x of packets/16
+    python benchmarks/bench.py --file x.pcap --keylog x.keys --formats text --jobs 1
+
+Three cases by default: a synthetic capture without keys (make_big_capture.py), the
+shipped lab capture repeated (make_keyed_capture.py) without keys, and the same with its
+key log. In each, tshark runs once (with ``tls.keylog_file`` when there are keys), then
+netdiag for every format (text, json, jsonl) and every ``--jobs`` value (1, 2); the
+table gives each run's wall and CPU seconds and peak memory, and its ratios to tshark,
+to jsonl and to ``--jobs 1``, then whether each target of issue 10 is met.
 
 Each tool runs in its own child process; the child is reaped with ``os.wait4``, whose
 rusage belongs to that child alone (and to the processes it reaped), so ``ru_maxrss`` is
@@ -11,7 +19,9 @@ the exact peak RSS of the largest single process. Because netdiag may fan out to
 processes, the process tree is also sampled every 20 ms (sum of PSS over the tree from
 /proc); the reported peak is the larger of the two figures.
 
-Targets: netdiag at least 3x faster than tshark, at most 1/5 of its peak memory.
+Targets: terminal format, one core: at least 10x tshark's speed without keys, 6x with
+keys; two cores at least 1.6x one core; peak memory at most 1/10 of tshark's; any
+format at most 1.2x jsonl.
 """
 
 from __future__ import annotations
@@ -29,42 +39,54 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OUT = HERE / "out"
 
-SPEED_TARGET = 3.0  # tshark_time / netdiag_time must be at least this
-MEMORY_TARGET = 0.2  # netdiag_rss / tshark_rss must be at most this
+SPEED_TARGET = 10.0
+"""tshark time / netdiag time, terminal format, one core, no keys: at least this."""
+SPEED_TARGET_KEYS = 6.0
+"""The same with a key log."""
+JOBS2_TARGET = 1.6
+"""--jobs 2 against --jobs 1: at least this much faster."""
+MEMORY_TARGET = 0.1
+"""netdiag peak RSS / tshark peak RSS: at most this."""
+FORMAT_TARGET = 1.2
+"""Any format against jsonl on the same capture and jobs: at most this much slower."""
+LAB_PACKETS = 840
+"""Packets of captures/antho.pcapng, which make_keyed_capture.py repeats."""
 
 TSHARK_FIELDS = [
     "frame.time_epoch", "tcp.stream", "tcp.analysis.initial_rtt",
     "tcp.analysis.retransmission", "dns.id", "dns.time", "dns.qry.name",
     "tls.handshake.type", "tls.handshake.extensions_server_name",
     "tls.handshake.extensions_alpn_str", "tls.handshake.extensions.supported_version",
-    "tls.handshake.ciphersuite", "tls.record.content_type",
+    "tls.handshake.ciphersuite", "tls.record.content_type", "http2.streamid", "http2.type",
+    "http.request.method", "http.response.code",
 ]
 
 
-def tshark_cmd(tshark: str, capture: Path) -> list[str]:
+def tshark_cmd(tshark: str, capture: Path, keylog: Path | None = None) -> list[str]:
     cmd = [tshark, "-2", "-n", "-r", str(capture), "-o", "tcp.reassemble_out_of_order:TRUE",
            "-T", "fields", "-E", "occurrence=a", "-E", "aggregator=|"]
+    if keylog is not None:
+        cmd += ["-o", f"tls.keylog_file:{keylog}"]
     for field in TSHARK_FIELDS:
         cmd += ["-e", field]
     return cmd
 
 
-def netdiag_cmd(override: str | None, capture: Path) -> list[str]:
+def netdiag_base(override: str | None) -> list[str]:
     if override:
-        base = shlex.split(override)
-    elif (exe := Path(sys.executable).with_name("netdiag")).exists():
-        base = [str(exe)]  # the console script next to this interpreter (not a pyenv shim)
-    elif exe := shutil.which("netdiag"):
-        base = [exe]
-    else:
-        base = [sys.executable, "-m", "netdiag"]
-    return [*base, "report", str(capture), "--format", "jsonl"]
+        return shlex.split(override)
+    if (exe := Path(sys.executable).with_name("netdiag")).exists():
+        return [str(exe)]  # the console script next to this interpreter (not a pyenv shim)
+    if exe := shutil.which("netdiag"):
+        return [exe]
+    return [sys.executable, "-m", "netdiag"]
 
 
 # ---------------------------------------------------------------------------
@@ -302,80 +324,194 @@ def best_of(runs: list[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# Report
+# The matrix: cases x formats x jobs, each against tshark on the same capture
 # ---------------------------------------------------------------------------
 
 
-def compare(nd: dict | None, ts: dict | None) -> dict:
-    if not (nd and ts and nd.get("ok") and ts.get("ok")):
-        return {}
-    speed = ts["wall_s"] / nd["wall_s"] if nd["wall_s"] else float("inf")
-    memory = nd["peak_rss_mib"] / ts["peak_rss_mib"] if ts["peak_rss_mib"] else float("inf")
-    return {
-        "speed_ratio": round(speed, 2),
-        "cpu_ratio": round(ts["cpu_s"] / nd["cpu_s"], 2) if nd["cpu_s"] else None,
-        "memory_ratio": round(memory, 3),
-        "speed_target": SPEED_TARGET,
-        "memory_target": MEMORY_TARGET,
-        "speed_met": speed >= SPEED_TARGET,
-        "memory_met": memory <= MEMORY_TARGET,
-    }
+@dataclass
+class Case:
+    """One capture as users run it: a name, the file, and the key log (None: no keys)."""
+
+    name: str
+    path: Path
+    keylog: Path | None = None
 
 
-def print_table(capture: dict, results: list[dict], ratios: dict) -> None:
-    print(f"capture: {capture['path']}  ({capture['packets']:,} packets, "
-          f"{capture['size_mb']} MB)")
-    meta = capture.get("meta")
-    if meta:
-        print(f"         {meta.get('connections', '?')} TCP/TLS connections "
-              f"(median {meta.get('median_concurrent_connections', '?')}, "
-              f"peak {meta.get('max_concurrent_connections', '?')} open), "
-              f"{meta.get('dns_packets', '?')} DNS packets, "
-              f"{meta.get('duration_s', '?')} s of traffic")
-    header = (f"{'tool':<9} {'packets':>10} {'wall s':>8} {'packets/s':>11} "
-              f"{'peak RSS MiB':>13} {'anon MiB':>9} {'CPU s':>7}  status")
+def ensure_keyed_capture(packets: int) -> Path:
+    """The shipped lab capture repeated to about ``packets`` packets, with its key log."""
+    copies = max(1, -(-packets // LAB_PACKETS))
+    path = OUT / f"keyed-{copies}.pcap"
+    if not path.exists() or not path.with_suffix(".keys").exists():
+        OUT.mkdir(parents=True, exist_ok=True)
+        print(f"building {path} ({copies} copies of the lab capture) ...", file=sys.stderr)
+        subprocess.run([sys.executable, str(HERE / "make_keyed_capture.py"),
+                        "--copies", str(copies), "--out", str(path)], check=True)
+    return path
+
+
+def netdiag_supports_jobs(base: list[str], env: dict) -> bool:
+    out = subprocess.run([*base, "report", "--help"], capture_output=True, text=True, env=env,
+                         cwd=REPO)
+    return "--jobs" in out.stdout
+
+
+def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: argparse.Namespace,
+               env: dict) -> list[dict]:
+    base = netdiag_base(args.netdiag_cmd)
+    has_jobs = netdiag_supports_jobs(base, env)
+    rows: list[dict] = []
+    for case in cases:
+        packets = count_packets(case.path)
+        warm_page_cache(case.path)
+        ts = None
+        if not args.skip_tshark:
+            ts = best_of([measure(f"tshark [{case.name}]", tshark_cmd(args.tshark, case.path,
+                                                                       case.keylog),
+                                  packets, None, args.timeout) for _ in range(args.repeat)])
+        for fmt in formats:
+            for j in jobs:
+                if j != 1 and not has_jobs:
+                    continue
+                cmd = [*base, "report", str(case.path), "--format", fmt, "--no-profile"]
+                if case.keylog is not None:
+                    cmd += ["--keylog", str(case.keylog)]
+                if has_jobs:
+                    cmd += ["--jobs", str(j)]
+                r = best_of([measure(f"netdiag {fmt} jobs {j} [{case.name}]", cmd, packets, env,
+                                     args.timeout) for _ in range(args.repeat)])
+                rows.append({"case": case.name, "format": fmt, "jobs": j, "netdiag": r,
+                             "tshark": ts, "packets": packets,
+                             "size_mb": round(case.path.stat().st_size / 1e6, 1)})
+    by = {(r["case"], r["format"], r["jobs"]): r for r in rows}
+    for r in rows:
+        nd, ts = r["netdiag"], r["tshark"]
+        ok = nd.get("ok")
+        r["vs_tshark"] = (round(ts["wall_s"] / nd["wall_s"], 2)
+                          if ok and ts and ts.get("ok") else None)
+        r["memory_vs_tshark"] = (round(nd["peak_rss_mib"] / ts["peak_rss_mib"], 3)
+                                 if ok and ts and ts.get("ok") else None)
+        ref = by.get((r["case"], "jsonl", r["jobs"]))
+        r["vs_jsonl"] = (round(nd["wall_s"] / ref["netdiag"]["wall_s"], 2)
+                         if ok and ref and ref["netdiag"].get("ok") else None)
+        one = by.get((r["case"], r["format"], 1))
+        r["vs_jobs1"] = (round(one["netdiag"]["wall_s"] / nd["wall_s"], 2)
+                         if ok and r["jobs"] != 1 and one and one["netdiag"].get("ok") else None)
+    return rows
+
+
+def run_scaling(base_packets: int, factors: list[int], formats: list[str],
+                args: argparse.Namespace, env: dict) -> list[dict]:
+    """Time and memory at 1x, 4x, 16x: cost must grow with packets, memory with flows."""
+    base = netdiag_base(args.netdiag_cmd)
+    out = []
+    for f in factors:
+        path = ensure_capture(base_packets * f)
+        packets = count_packets(path)
+        warm_page_cache(path)
+        for fmt in formats:
+            cmd = [*base, "report", str(path), "--format", fmt, "--no-profile"]
+            if netdiag_supports_jobs(base, env):
+                cmd += ["--jobs", "1"]
+            r = best_of([measure(f"netdiag {fmt} {f}x", cmd, packets, env, args.timeout)
+                         for _ in range(args.repeat)])
+            out.append({"factor": f, "format": fmt, "packets": packets, "netdiag": r,
+                        "us_per_packet": (round(r["wall_s"] / packets * 1e6, 2)
+                                          if r.get("ok") else None)})
+    return out
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_matrix(rows: list[dict]) -> None:
+    cases: dict[str, dict] = {}
+    for r in rows:
+        cases.setdefault(r["case"], r)
+    for name, r in cases.items():
+        ts = r["tshark"]
+        tsl = (f"tshark {ts['wall_s']:.2f} s, {ts['peak_rss_mib']:.0f} MiB" if ts and ts.get("ok")
+               else "tshark not run")
+        print(f"[{name}] {r['packets']:,} packets, {r['size_mb']} MB; {tsl}")
+    header = (f"{'case':<18} {'format':<6} {'jobs':>4} {'wall s':>7} {'CPU s':>7} "
+              f"{'peak MiB':>8} {'x tshark':>8} {'mem/tshark':>10} {'/jsonl':>6} {'/jobs1':>6}")
     print(header)
     print("-" * len(header))
-    for r in results:
-        if r.get("ok"):
-            print(f"{r['tool']:<9} {r['packets']:>10,} {r['wall_s']:>8.2f} "
-                  f"{r['packets_per_s']:>11,} {r['peak_rss_mib']:>13.1f} "
-                  f"{r['sampled_anon_peak_mib']:>9.1f} {r['cpu_s']:>7.2f}  ok")
-        else:
-            status = (f"FAILED (exit {r['exit_code']})" if "exit_code" in r
-                      else "FAILED to start")
-            print(f"{r['tool']:<9} {r.get('packets', 0):>10,} {'-':>8} {'-':>11} {'-':>13} "
-                  f"{'-':>9} {'-':>7}  {status}")
-    if ratios:
-        def verdict(met: bool) -> str:
-            return "MET" if met else "NOT MET"
+    for r in rows:
+        nd = r["netdiag"]
+        if not nd.get("ok"):
+            print(f"{r['case']:<18} {r['format']:<6} {r['jobs']:>4}  FAILED "
+                  f"(exit {nd.get('exit_code')})")
+            continue
+        speed = _fmt(r["vs_tshark"], ".2f") + ("x" if r["vs_tshark"] is not None else "")
+        print(f"{r['case']:<18} {r['format']:<6} {r['jobs']:>4} {nd['wall_s']:>7.2f} "
+              f"{nd['cpu_s']:>7.2f} {nd['peak_rss_mib']:>8.1f} {speed:>8} "
+              f"{_fmt(r['memory_vs_tshark'], '>10.3f')} {_fmt(r['vs_jsonl'], '>6.2f')} "
+              f"{_fmt(r['vs_jobs1'], '>6.2f')}")
+    print()
+    for line in verdicts(rows):
+        print(line)
 
-        print(f"speed ratio  (tshark time / netdiag time): {ratios['speed_ratio']:6.2f}x   "
-              f"target >= {SPEED_TARGET:g}x   {verdict(ratios['speed_met'])}")
-        print(f"memory ratio (netdiag RSS / tshark RSS):   {ratios['memory_ratio']:6.3f}    "
-              f"target <= {MEMORY_TARGET:g} (1/5)  {verdict(ratios['memory_met'])}")
-        if ratios.get("cpu_ratio") is not None:
-            print(f"CPU ratio    (tshark CPU / netdiag CPU):   {ratios['cpu_ratio']:6.2f}x   "
-                  "(informative: insensitive to other load on the machine)")
-    else:
-        print("ratios: n/a (need successful netdiag and tshark runs)")
-    busy = [r for r in results if r.get("ok") and r.get("load_avg_1m", 0) > 1.5]
-    for r in busy:
-        print(f"note: 1-min load average {r['load_avg_1m']:.2f} at the end of the {r['tool']} "
-              f"run on {os.cpu_count()} CPUs (the run itself counts ~1): other work on the "
-              "machine inflates wall time; compare CPU s too")
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """The issue's targets, each MET / NOT MET from the rows measured."""
+    out = []
+
+    def say(what: str, value: float | None, target: str, met: bool | None) -> None:
+        v = "-" if value is None else f"{value:.2f}"
+        out.append(f"{what:<58} {v:>7}  target {target:<8} "
+                   f"{'n/a' if met is None else 'MET' if met else 'NOT MET'}")
+
+    for r in rows:
+        if r["format"] == "text" and r["jobs"] == 1 and r["vs_tshark"] is not None:
+            keyed = "key log" in r["case"]
+            target = SPEED_TARGET_KEYS if keyed else SPEED_TARGET
+            say(f"speed vs tshark, text, one core [{r['case']}]", r["vs_tshark"],
+                f">= {target:g}x", r["vs_tshark"] >= target)
+    for r in rows:
+        if r["format"] == "text" and r["jobs"] == 2:
+            say(f"two cores vs one, text [{r['case']}]", r["vs_jobs1"], f">= {JOBS2_TARGET:g}x",
+                None if r["vs_jobs1"] is None else r["vs_jobs1"] >= JOBS2_TARGET)
+    worst_mem = max((r["memory_vs_tshark"] for r in rows if r["memory_vs_tshark"] is not None),
+                    default=None)
+    say("peak memory vs tshark (worst row)", worst_mem, f"<= {MEMORY_TARGET:g}",
+        None if worst_mem is None else worst_mem <= MEMORY_TARGET)
+    worst_fmt = max((r["vs_jsonl"] for r in rows if r["vs_jsonl"] is not None
+                     and r["format"] != "jsonl"), default=None)
+    say("any format vs jsonl, same capture and jobs (worst row)", worst_fmt,
+        f"<= {FORMAT_TARGET:g}x", None if worst_fmt is None else worst_fmt <= FORMAT_TARGET)
+    return out
+
+
+def print_scaling(rows: list[dict]) -> None:
+    print(f"{'factor':>6} {'format':<6} {'packets':>10} {'wall s':>7} {'us/packet':>9} "
+          f"{'peak MiB':>8}")
+    for r in rows:
+        nd = r["netdiag"]
+        if nd.get("ok"):
+            print(f"{r['factor']:>5}x {r['format']:<6} {r['packets']:>10,} {nd['wall_s']:>7.2f} "
+                  f"{r['us_per_packet']:>9.2f} {nd['peak_rss_mib']:>8.1f}")
+        else:
+            print(f"{r['factor']:>5}x {r['format']:<6} FAILED")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--packets", type=int, default=1_000_000,
-                    help="size of the generated capture (default 1,000,000)")
+                    help="size of the generated captures (default 1,000,000)")
     ap.add_argument("--file", type=Path, help="benchmark this existing capture instead")
-    ap.add_argument("--repeat", type=int, default=1, help="take the best of N runs per tool")
+    ap.add_argument("--keylog", type=Path, help="with --file: its key log")
+    ap.add_argument("--formats", default="text,json,jsonl")
+    ap.add_argument("--jobs", default="1,2", help="netdiag --jobs values (default 1,2)")
+    ap.add_argument("--cases", default="synthetic,lab,lab-keys",
+                    help="synthetic (no keys), lab (no keys), lab-keys (default: all three)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="also time text and jsonl at 1x, 4x and 16x of packets/16")
+    ap.add_argument("--scaling-only", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="take the best of N runs")
     ap.add_argument("--skip-tshark", action="store_true")
-    ap.add_argument("--skip-netdiag", action="store_true")
-    ap.add_argument("--netdiag-cmd", help="netdiag command prefix (default: `netdiag` on "
-                    "PATH, else `python -m netdiag` from this checkout)")
+    ap.add_argument("--netdiag-cmd", help="netdiag command prefix (default: `netdiag` next to "
+                    "this interpreter, else on PATH, else `python -m netdiag`)")
     ap.add_argument("--tshark", default=shutil.which("tshark") or "/usr/bin/tshark")
     ap.add_argument("--timeout", type=float, default=1800,
                     help="kill a run after this many seconds (default 1800, 0 = never)")
@@ -383,41 +519,43 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-
-    capture_path = args.file.resolve() if args.file else ensure_capture(args.packets)
-    if not capture_path.exists():
-        ap.error(f"{capture_path} does not exist")
-    packets = count_packets(capture_path)
-    capture = {"path": str(capture_path), "packets": packets,
-               "size_mb": round(capture_path.stat().st_size / 1e6, 1)}
-    meta_path = capture_path.with_name(capture_path.name + ".json")
-    if meta_path.exists():
-        with contextlib.suppress(ValueError):
-            capture["meta"] = json.loads(meta_path.read_text())
-    warm_page_cache(capture_path)
+    formats = [f for f in args.formats.split(",") if f]
+    jobs = [int(j) for j in args.jobs.split(",") if j]
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    jobs: list[tuple[str, list[str], dict | None]] = []
-    if not args.skip_netdiag:
-        jobs.append(("netdiag", netdiag_cmd(args.netdiag_cmd, capture_path), env))
-    if not args.skip_tshark:
-        jobs.append(("tshark", tshark_cmd(args.tshark, capture_path), None))
-    runs: dict[str, list[dict]] = {name: [] for name, _, _ in jobs}
-    for _ in range(args.repeat):  # alternate the tools so that drifting load hits both
-        for name, cmd, job_env in jobs:
-            if runs[name] and not runs[name][-1].get("ok"):
-                continue  # a tool that failed once is not retried
-            runs[name].append(measure(name, cmd, packets, job_env, args.timeout))
-    results = [best_of(r) for r in runs.values()]
-    by_tool = {r["tool"]: r for r in results}
-    ratios = compare(by_tool.get("netdiag"), by_tool.get("tshark"))
-
+    cases: list[Case] = []
+    if args.file:
+        if not args.file.exists():
+            ap.error(f"{args.file} does not exist")
+        cases.append(Case(args.file.name + (" key log" if args.keylog else ""),
+                          args.file.resolve(), args.keylog))
+    elif not args.scaling_only:
+        wanted = args.cases.split(",")
+        if "synthetic" in wanted:
+            cases.append(Case("synthetic", ensure_capture(args.packets)))
+        if "lab" in wanted or "lab-keys" in wanted:
+            keyed = ensure_keyed_capture(args.packets)
+            if "lab" in wanted:
+                cases.append(Case("lab", keyed))
+            if "lab-keys" in wanted:
+                cases.append(Case("lab key log", keyed, keyed.with_suffix(".keys")))
+    rows = run_matrix(cases, formats, jobs, args, env) if cases else []
+    scaling = (run_scaling(max(1000, args.packets // 16), [1, 4, 16], ["text", "jsonl"], args,
+                           env) if args.scaling or args.scaling_only else [])
     if args.json:
-        print(json.dumps({"capture": capture, "results": by_tool, "ratios": ratios,
-                          "load_average": os.getloadavg()}, indent=2))
-    else:
-        print_table(capture, results, ratios)
+        print(json.dumps({"rows": rows, "scaling": scaling, "verdicts": verdicts(rows),
+                          "load_average": os.getloadavg(), "cpus": os.cpu_count()}, indent=2))
+        return 0
+    if rows:
+        print_matrix(rows)
+    if scaling:
+        print()
+        print_scaling(scaling)
+    load = os.getloadavg()[0]
+    if load > 1.5:
+        print(f"note: 1-min load average {load:.2f} on {os.cpu_count()} CPUs at the end: other "
+              "work inflates wall time; compare CPU s too")
     return 0
 
 

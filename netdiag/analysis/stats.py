@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,3 +31,33 @@ def percentiles(values: Sequence[float | None]) -> dict[str, Any]:
         "p90": quantile(vals, 0.9), "p99": quantile(vals, 0.99), "max": vals[-1],
         "mean": math.fsum(vals) / len(vals),
     }
+
+
+def bootstrap_medians(sorted_values: Sequence[float], rng: random.Random,
+                      resamples: int) -> list[float]:
+    """Medians of ``resamples`` bootstrap resamples of ``sorted_values``, each in O(1).
+
+    A resample is n draws with replacement, i.e. the values at indices ``floor(n * U_i)``
+    for n uniforms U_i; since that index map is monotone, the k-th smallest value of the
+    resample is the value at ``floor(n * U_(k))``, and the k-th order statistic U_(k) of
+    n uniforms is Beta(k, n - k + 1). Given U_(k) = u, U_(k+1) is u + (1 - u) * Beta(1,
+    n - k). So the median of a resample (the middle value, or the mean of the two middle
+    ones, as :func:`quantile` takes it) is drawn exactly without building the resample:
+    the same distribution as sorting n draws, at any n.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("the bootstrap needs values")
+    k = (n + 1) // 2  # 1-based rank of the (lower) middle value
+    even = n % 2 == 0
+    top = n - 1
+    beta = rng.betavariate
+    out = []
+    for _ in range(resamples):
+        u = beta(k, n - k + 1)
+        lo = sorted_values[min(int(n * u), top)]
+        if even:
+            u2 = u + (1.0 - u) * (1.0 - rng.random() ** (1.0 / (n - k)))
+            lo += (sorted_values[min(int(n * u2), top)] - lo) * 0.5  # as quantile() does
+        out.append(lo)
+    return out

@@ -133,7 +133,9 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
     finally:
         if bar is not None:
             bar.stop()
-    if fmt != "jsonl":
+    if fmt == "text":
+        _write_text(result, csink.connections, csink.dns_records, options, out, profile)
+    elif fmt != "jsonl":
         doc = csink.document(result, headers=fmt in ("har", "html"))
         _write_collected(fmt, result, doc, csink.connections, csink.dns_records, options, out,
                          profile, output)
@@ -177,21 +179,33 @@ def _write_document_lines(doc: dict[str, Any], out: IO[str]) -> None:
     line({"type": "capture", **doc["capture"]})
 
 
+def _write_text(result: Any, connections: Any, dns_records: Any, options: Any, out: IO[str],
+                profile: Any) -> None:
+    """The terminal report: paths straight from the records (no JSON document is built)."""
+    from rich.console import Console
+
+    from netdiag.paths.apply import analyze_paths
+    from netdiag.report.terminal import render
+
+    analysis = analyze_paths(connections, dns_records, profile, thresholds=options.thresholds)
+    render(result, Console(file=out) if out is not sys.stdout else Console(),
+           paths=analysis, connections=connections)
+
+
 def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: Any,
                      dns_records: Any, options: Any, out: IO[str], profile: Any,
                      output: str | None) -> None:
     """Paths over the collected records, then the chosen format."""
     from netdiag.paths.apply import apply_paths
+    from netdiag.report.json_out import write_json
 
     analysis = apply_paths(doc, connections, dns_records, profile, options.thresholds)
     if fmt == "json":
-        json.dump(doc, out, indent=2)
-        out.write("\n")
+        write_json(doc, out)
     elif fmt == "har":
         from netdiag.report.har import build_har
 
-        json.dump(build_har(doc), out, indent=2, ensure_ascii=False)
-        out.write("\n")
+        write_json(build_har(doc), out, ensure_ascii=False)
     elif fmt == "html":
         from netdiag.report.html import render_html
 
@@ -203,10 +217,3 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
 
         files = write_csv(doc, Path(output or "."))
         stderr_console().print(f"wrote {len(files)} CSV files to {output}", highlight=False)
-    else:
-        from rich.console import Console
-
-        from netdiag.report.terminal import render
-
-        render(result, Console(file=out) if out is not sys.stdout else Console(),
-               paths=analysis, connections=connections)

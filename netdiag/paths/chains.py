@@ -858,19 +858,22 @@ class _Linker:
             if r is not None and not is_resp(n.conn, n.req):
                 by_rid[r].append(n)
         edges: list[_Edge] = []
-        allowed: dict[tuple[Any, Any], tuple[bool, bool]] = {}
+        # per child group: the parent groups it may link to, whether the profile declares
+        # the pair, and their index (decided once per pair of groups)
+        parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for u in self.nodes:
             cg = self.group[id(u)]
             urid = self.rid[id(u)]
             seen: set[int] = set()
             u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
-            for pg, (lst, starts, ends, longest) in index.items():
-                verdict = allowed.get((pg, cg))
-                if verdict is None:
-                    verdict = allowed[(pg, cg)] = self._allowed(pg, cg)
-                ok, declared = verdict
-                if not ok:
-                    continue
+            parents = parents_of.get(cg)
+            if parents is None:
+                parents = parents_of[cg] = []
+                for pg, entry in index.items():
+                    ok, declared = self._allowed(pg, cg)
+                    if ok:
+                        parents.append((pg, declared, *entry))
+            for pg, declared, lst, starts, ends, longest in parents:
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
                 kept = 0

@@ -27,6 +27,7 @@ characters with control characters replaced, and nothing raises on malformed inp
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import math
@@ -515,6 +516,14 @@ def range_match(ip: str, profile: Profile | None = None
         for net in e.ranges:
             if net.version == addr.version and addr in net:
                 return e.name, net, "profile"
+    return _shipped_match(addr)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _shipped_match(addr: ipaddress.IPv4Address | ipaddress.IPv6Address
+                   ) -> tuple[str, IPNetwork, str] | None:
+    """The first shipped range holding ``addr`` (the lists never change during a run;
+    a capture has one lookup per server address, not per connection)."""
     for r in shipped_ranges():
         for net in r.networks:
             if net.version == addr.version and addr in net:

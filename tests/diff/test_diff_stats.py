@@ -107,3 +107,20 @@ def test_two_proportions() -> None:
     assert same.p_value == 1.0 and same.diff == 0
     with pytest.raises(ValueError):
         two_proportion_z(0, 0, 1, 2)
+
+
+def test_order_statistic_bootstrap_matches_resampling() -> None:
+    """The O(1)-per-resample median bootstrap has the distribution of sorting n draws."""
+    from netdiag.analysis.stats import bootstrap_medians, quantile
+
+    rng = random.Random(11)
+    for n in (1, 2, 3, 4, 9, 10, 40, 41):
+        values = sorted(round(rng.lognormvariate(3, 1), 1) for _ in range(n))
+        fast = sorted(bootstrap_medians(values, random.Random(n), 20000))
+        brute_rng = random.Random(n + 100)
+        slow = sorted(quantile(sorted(brute_rng.choices(values, k=n)), 0.5)
+                      for _ in range(20000))
+        points = sorted(set(fast) | set(slow))
+        from bisect import bisect_right
+        ks = max(abs(bisect_right(fast, x) - bisect_right(slow, x)) / 20000 for x in points)
+        assert ks < 0.02, (n, ks)
