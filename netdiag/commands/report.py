@@ -199,7 +199,7 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     from netdiag.paths.apply import apply_paths
     from netdiag.report.json_out import write_json
 
-    analysis = apply_paths(doc, connections, dns_records, profile, options.thresholds)
+    apply_paths(doc, connections, dns_records, profile, options.thresholds)
     if fmt == "json":
         write_json(doc, out)
     elif fmt == "har":
