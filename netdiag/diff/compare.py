@@ -141,7 +141,7 @@ def _latency_test(a: list[float], b: list[float], alpha: float, seed: int
     mw = mann_whitney_u(a, b)
     out["test"] = {"method": "mann-whitney-u", "approximation": mw.method, "u": mw.u,
                    "z": mw.z, "p_value": mw.p_value, "min_p_value": mw.min_p}
-    point, lo, hi = bootstrap_median_diff(a, b, seed=seed)
+    point, lo, hi = bootstrap_median_diff(b, a, seed=seed)  # median(b) - median(a)
     out["median_diff"] = {"estimate": point, "ci_low": lo, "ci_high": hi, "level": LEVEL,
                           "method": "bootstrap", "resamples": BOOTSTRAP_RESAMPLES,
                           "seed": seed}

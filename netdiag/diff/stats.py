@@ -4,9 +4,8 @@
   there are no ties and both samples have at most :data:`EXACT_MAX` values; otherwise the
   normal approximation with the tie correction of the variance and a continuity
   correction (what ``scipy.stats.mannwhitneyu(..., method="asymptotic")`` computes).
-* :func:`bootstrap_median_diff`: percentile bootstrap interval of ``median(b) -
-  median(a)``, deterministic for a seed, over every value: each resample's median is
-  drawn exactly from order statistics (:func:`netdiag.analysis.stats.bootstrap_medians`).
+* the bootstrap interval of a difference of medians is the one of path comparisons,
+  :func:`netdiag.analysis.stats.bootstrap_median_diff` (re-exported here).
 * :func:`two_proportion_z`: two-sided z-test of two proportions (pooled variance), with
   a Wald interval of their difference.
 """
@@ -14,16 +13,16 @@
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from netdiag.analysis.stats import bootstrap_medians, quantile
+from netdiag.analysis.stats import BOOTSTRAP_RESAMPLES, LEVEL, bootstrap_median_diff, median
+
+__all__ = ["BOOTSTRAP_RESAMPLES", "LEVEL", "MannWhitney", "TwoProportions",
+           "bootstrap_median_diff", "mann_whitney_u", "median", "two_proportion_z"]
 
 EXACT_MAX = 25
 """Largest sample size for which the exact distribution of U is used (no ties)."""
-BOOTSTRAP_RESAMPLES = 1000
-LEVEL = 0.95
 
 
 def _norm_sf(z: float) -> float:
@@ -109,28 +108,6 @@ def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> MannWhitney:
     big = max(u1, mn - u1)
     z = (big - mn / 2 - 0.5) / math.sqrt(var)
     return MannWhitney(u1, min(1.0, 2 * _norm_sf(z)), z, "normal", n1, n2, min_p)
-
-
-def median(values: Sequence[float]) -> float:
-    return quantile(sorted(values), 0.5)
-
-
-def bootstrap_median_diff(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
-                          resamples: int = BOOTSTRAP_RESAMPLES, level: float = LEVEL
-                          ) -> tuple[float, float, float]:
-    """``(median(b) - median(a), low, high)``: the point estimate and the percentile
-    bootstrap interval at ``level``, over every value (:func:`bootstrap_medians`: one
-    sort per side, then O(1) per resample). Deterministic for a seed."""
-    if not a or not b:
-        raise ValueError("the bootstrap needs values on each side")
-    sa, sb = sorted(a), sorted(b)
-    point = quantile(sb, 0.5) - quantile(sa, 0.5)
-    rng = random.Random(seed)
-    ma = bootstrap_medians(sa, rng, resamples)
-    mb = bootstrap_medians(sb, rng, resamples)
-    diffs = sorted(y - x for x, y in zip(ma, mb, strict=True))
-    tail = (1.0 - level) / 2
-    return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
 
 
 @dataclass(frozen=True)

@@ -30,21 +30,24 @@ the interval excludes 0; otherwise the sentence declines ("not enough evidence")
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from netdiag.analysis.stats import bootstrap_medians, percentiles, quantile
+from netdiag.analysis.stats import (
+    BOOTSTRAP_RESAMPLES,
+    LEVEL,
+    bootstrap_median_diff,
+    median,
+    percentiles,
+)
 from netdiag.paths.chains import Chains, Node, is_resp
 from netdiag.paths.profile import Profile, split_endpoint
 from netdiag.records import Connection, DnsTransaction
 
-RESAMPLES = 2000
+RESAMPLES = BOOTSTRAP_RESAMPLES
 """Bootstrap resamples per comparison."""
-LEVEL = 0.95
-"""Confidence level of the bootstrap interval."""
 MIN_SAMPLES = 5
 """Fewest samples on each side for a difference to be stated."""
 
@@ -384,32 +387,6 @@ def summary_paths(budgets: dict[str, PathBudget]) -> dict[str, Any]:
 
 
 # --- comparing paths ---------------------------------------------------------------
-
-
-def median(values: Sequence[float]) -> float:
-    return quantile(sorted(values), 0.5)
-
-
-def bootstrap_median_diff(a: Sequence[float], b: Sequence[float] | None = None, *,
-                          seed: int = 0, resamples: int = RESAMPLES, level: float = LEVEL
-                          ) -> tuple[float, float, float]:
-    """(median(a) - median(b), low, high): percentile-bootstrap interval of the difference
-    of medians (of the median of ``a`` when ``b`` is None), over every sample, in
-    O(resamples) after one sort per side (:func:`bootstrap_medians`). Deterministic for a
-    seed."""
-    if not a or (b is not None and not b):
-        raise ValueError("bootstrap needs samples on each side")
-    sa = sorted(a)
-    sb = None if b is None else sorted(b)
-    point = quantile(sa, 0.5) - (quantile(sb, 0.5) if sb is not None else 0.0)
-    rng = random.Random(seed)
-    diffs = bootstrap_medians(sa, rng, resamples)
-    if sb is not None:
-        diffs = [x - y for x, y in zip(diffs, bootstrap_medians(sb, rng, resamples),
-                                       strict=True)]
-    diffs.sort()
-    tail = (1.0 - level) / 2
-    return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
 
 
 PHASE_LABELS = {
