@@ -92,3 +92,36 @@ def bootstrap_median_diff(a: Sequence[float], b: Sequence[float] | None = None, 
     diffs.sort()
     tail = (1.0 - level) / 2
     return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
+
+
+class MedianDraws:
+    """Bootstrap medians of named samples, each drawn once and shared by every
+    comparison the sample takes part in (a path's time to first byte against each
+    other path). Each sample has its own random stream, seeded by ``seed`` and its
+    name, so its draws do not depend on which comparisons come first."""
+
+    def __init__(self, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> None:
+        self.seed = seed
+        self.resamples = resamples
+        self._draws: dict[str, list[float]] = {}
+
+    def of(self, name: str, values: Sequence[float]) -> list[float]:
+        """The resampled medians of ``values``, known as ``name``."""
+        d = self._draws.get(name)
+        if d is None:
+            rng = random.Random(f"{self.seed}:{name}")
+            d = self._draws[name] = bootstrap_medians(sorted(values), rng, self.resamples)
+        return d
+
+    def diff(self, name_a: str, a: Sequence[float], name_b: str | None = None,
+             b: Sequence[float] | None = None, level: float = LEVEL
+             ) -> tuple[float, float, float]:
+        """Like :func:`bootstrap_median_diff`, from the shared draws."""
+        if not a or (b is not None and not b):
+            raise ValueError("the bootstrap needs values on each side")
+        point = median(a) - (median(b) if b is not None else 0.0)
+        da = self.of(name_a, a)
+        diffs = (sorted(da) if b is None or name_b is None else
+                 sorted(x - y for x, y in zip(da, self.of(name_b, b), strict=True)))
+        tail = (1.0 - level) / 2
+        return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)

@@ -38,7 +38,7 @@ from typing import Any
 from netdiag.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     LEVEL,
-    bootstrap_median_diff,
+    MedianDraws,
     median,
     percentiles,
 )
@@ -464,11 +464,14 @@ class Difference:
 
 
 def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RESAMPLES,
-            min_samples: int = MIN_SAMPLES, only_a_hops: bool = True) -> list[Difference]:
+            min_samples: int = MIN_SAMPLES, only_a_hops: bool = True,
+            draws: MedianDraws | None = None) -> list[Difference]:
     """Every phase of ``a`` against ``b``: end to end, DNS/TCP/TLS, each hop, think
     time, transfer (``only_a_hops`` false: not the hops only ``a`` has, stated once per
     path elsewhere). A side with fewer than ``min_samples`` declines before any
-    resampling."""
+    resampling. ``draws``: bootstrap medians shared with other comparisons."""
+    if draws is None:
+        draws = MedianDraws(seed, resamples)
     out: list[Difference] = []
     b_hops = {h.name for h in b.ordered_hops() if h.own}
     phases: list[tuple[str, bool]] = [("ttfb", False), ("dns", False), ("tcp", False),
@@ -498,8 +501,8 @@ def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RES
                             f"every hop; {min_samples} needed")
             out.append(d)
             continue
-        point, lo, hi = bootstrap_median_diff(sa, None if only_a else sb, seed=seed,
-                                              resamples=resamples)
+        point, lo, hi = draws.diff(f"{a.name}\0{phase}", sa, None if only_a else
+                                   f"{b.name}\0{phase}", None if only_a else sb)
         d.diff_ms, d.ci_low_ms, d.ci_high_ms = point, lo, hi
         if lo <= 0 <= hi:
             d.reason = f"95% CI {_fmt_ci(lo, hi)} includes 0"
@@ -557,8 +560,9 @@ def compare_all(budgets: dict[str, PathBudget], *, seed: int = 0,
     first; a hop only one side has is stated once per path, with its first pair."""
     out: list[Difference] = []
     stated: set[str] = set()
+    draws = MedianDraws(seed, resamples)
     for a, b in comparison_pairs(budgets):
         out.extend(compare(a, b, seed=seed, resamples=resamples, min_samples=min_samples,
-                           only_a_hops=a.name not in stated))
+                           only_a_hops=a.name not in stated, draws=draws))
         stated.add(a.name)
     return out

@@ -84,6 +84,10 @@ alone to infer a proxy."""
 AMBIGUITY_MS = 0.1
 """An alternative assignment within this cost (milliseconds of timing) of the chosen
 one leaves the link ``ambiguous``."""
+_BLOCK_SHIFT = 5
+_BLOCK = 1 << _BLOCK_SHIFT
+_BLOCK_MASK = _BLOCK - 1
+"""Parents are scanned in blocks of 32 by start time, each with its latest end."""
 MAX_CANDIDATES = 256
 """Candidate parents kept per child and parent group (the latest-starting ones): the
 time to link stays linear in requests whatever the concurrency."""
@@ -846,17 +850,22 @@ class _Linker:
             g = self.group[id(n)]
             self.clients[g].add(self._client_ip(n.conn))
             self.servers[g].add(self._server_ip(n.conn))
-        index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], int]] = {}
+        index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], list[int], int]] = {}
         for g, lst in groups.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
             ends = [n.window_end_ns for n in lst]
-            index[g] = (lst, [n.req.ts_ns for n in lst], ends,
+            block_ends = [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)]
+            index[g] = (lst, [n.req.ts_ns for n in lst], ends, block_ends,
                         max(e - n.req.ts_ns for n, e in zip(lst, ends, strict=True)))
         by_rid: dict[str, list[Node]] = defaultdict(list)
         for n in self.nodes:
             r = self.rid[id(n)]
             if r is not None and not is_resp(n.conn, n.req):
                 by_rid[r].append(n)
+        rid_index: dict[str, tuple[list[Node], list[int]]] = {}
+        for r, lst in by_rid.items():
+            lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
+            rid_index[r] = (lst, [n.req.ts_ns for n in lst])
         edges: list[_Edge] = []
         # per child group: the parent groups it may link to, whether the profile declares
         # the pair, and their index (decided once per pair of groups)
@@ -873,14 +882,23 @@ class _Linker:
                     ok, declared = self._allowed(pg, cg)
                     if ok:
                         parents.append((pg, declared, *entry))
-            for pg, declared, lst, starts, ends, longest in parents:
+            for pg, declared, lst, starts, ends, block_ends, longest in parents:
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
                 kept = 0
-                for k in range(hi - 1, max(lo, hi - MAX_SCAN) - 1, -1):
+                k = hi - 1
+                stop = max(lo, hi - MAX_SCAN)
+                while k >= stop:
+                    # newest first; a whole block of parents that all end too early is
+                    # skipped at once (the last index of block b is b * _BLOCK + _BLOCK - 1)
+                    if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
+                        k -= _BLOCK
+                        continue
                     if ends[k] < u_end:
+                        k -= 1
                         continue
                     p = lst[k]
+                    k -= 1
                     if p.conn is uc or p.conn.server == uc.server:
                         continue
                     e = self._edge(p, u, pg, cg, declared, urid)
@@ -891,8 +909,12 @@ class _Linker:
                     kept += 1
                     if kept >= MAX_CANDIDATES:
                         break
-            if urid is not None:  # the same id, however far back its request began
-                for p in by_rid.get(urid, ()):
+            if urid is not None and urid in rid_index:
+                # the same id, however far back its request began (the newest MAX_SCAN
+                # that began before it: an id repeated without end costs no more)
+                same, same_starts = rid_index[urid]
+                top = bisect_right(same_starts, u_ts)
+                for p in reversed(same[max(0, top - MAX_SCAN):top]):
                     pg = self.group[id(p)]
                     ok, declared = self._allowed(pg, cg)
                     if id(p) in seen or not ok or not self._contains(p, u):

@@ -124,3 +124,22 @@ def test_order_statistic_bootstrap_matches_resampling() -> None:
         from bisect import bisect_right
         ks = max(abs(bisect_right(fast, x) - bisect_right(slow, x)) / 20000 for x in points)
         assert ks < 0.02, (n, ks)
+
+
+def test_shared_median_draws_do_not_depend_on_comparison_order() -> None:
+    from netdiag.analysis.stats import MedianDraws
+
+    rng = random.Random(5)
+    a = [rng.gauss(30, 3) for _ in range(60)]
+    b = [rng.gauss(20, 3) for _ in range(50)]
+    c = [rng.gauss(25, 3) for _ in range(40)]
+    first = MedianDraws(seed=1)
+    ab_first = first.diff("a", a, "b", b)
+    first.diff("a", a, "c", c)
+    later = MedianDraws(seed=1)
+    later.diff("c", c, "b", b)
+    later.diff("a", a, "c", c)
+    assert later.diff("a", a, "b", b) == ab_first
+    point, lo, hi = ab_first
+    assert lo < point < hi and lo > 5  # the medians differ by about 10
+    assert MedianDraws(seed=2).diff("a", a, "b", b) != ab_first

@@ -8,15 +8,9 @@ import time
 import pytest
 from paths_synth import PROFILE, conn, dns, dpf_request, resp, roc_request
 
-from netdiag.analysis.stats import PERCENTILE_KEYS
+from netdiag.analysis.stats import PERCENTILE_KEYS, bootstrap_median_diff, median
 from netdiag.paths.apply import analyze_paths
-from netdiag.paths.budget import (
-    Difference,
-    PathBudget,
-    bootstrap_median_diff,
-    compare,
-    median,
-)
+from netdiag.paths.budget import Difference, PathBudget, compare
 from netdiag.paths.profile import parse_profile
 from netdiag.records import Connection
 
