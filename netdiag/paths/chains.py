@@ -862,10 +862,12 @@ class _Linker:
             r = self.rid[id(n)]
             if r is not None and not is_resp(n.conn, n.req):
                 by_rid[r].append(n)
-        rid_index: dict[str, tuple[list[Node], list[int]]] = {}
+        rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
         for r, lst in by_rid.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
-            rid_index[r] = (lst, [n.req.ts_ns for n in lst])
+            ends = [n.window_end_ns for n in lst]
+            rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends,
+                            [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)])
         edges: list[_Edge] = []
         # per child group: the parent groups it may link to, whether the profile declares
         # the pair, and their index (decided once per pair of groups)
@@ -912,9 +914,17 @@ class _Linker:
             if urid is not None and urid in rid_index:
                 # the same id, however far back its request began (the newest MAX_SCAN
                 # that began before it: an id repeated without end costs no more)
-                same, same_starts = rid_index[urid]
-                top = bisect_right(same_starts, u_ts)
-                for p in reversed(same[max(0, top - MAX_SCAN):top]):
+                same, same_starts, same_ends, same_blocks = rid_index[urid]
+                k = bisect_right(same_starts, u_ts) - 1
+                stop = max(0, k + 1 - MAX_SCAN)
+                while k >= stop:
+                    if k & _BLOCK_MASK == _BLOCK_MASK and same_blocks[k >> _BLOCK_SHIFT] < u_end:
+                        k -= _BLOCK
+                        continue
+                    p = same[k]
+                    k -= 1
+                    if same_ends[k + 1] < u_end:
+                        continue
                     pg = self.group[id(p)]
                     ok, declared = self._allowed(pg, cg)
                     if id(p) in seen or not ok or not self._contains(p, u):
