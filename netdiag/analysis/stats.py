@@ -24,16 +24,29 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
+MS_DECIMALS = 6
+"""Decimals of a figure in milliseconds: one nanosecond, the finest time a capture holds."""
+
+
+def ms_figure(x: float) -> float:
+    """A computed figure in milliseconds (an interpolated quantile, a mean, a difference)
+    rounded to the nanosecond, so that float arithmetic leaves no noise such as
+    ``0.05200780000000001`` in the report. The one place durations are rounded."""
+    return round(x, MS_DECIMALS)
+
+
 def percentiles(values: Sequence[float | None]) -> dict[str, Any]:
-    """``{count, min, p50, p90, p99, max, mean}`` of the non-null values; nulls when empty."""
+    """``{count, min, p50, p90, p99, max, mean}`` of the non-null values; nulls when empty.
+    Figures are rounded by :func:`ms_figure` (every caller passes milliseconds or
+    counts)."""
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return {"count": 0, "min": None, "p50": None, "p90": None, "p99": None,
                 "max": None, "mean": None}
     return {
-        "count": len(vals), "min": vals[0], "p50": quantile(vals, 0.5),
-        "p90": quantile(vals, 0.9), "p99": quantile(vals, 0.99), "max": vals[-1],
-        "mean": math.fsum(vals) / len(vals),
+        "count": len(vals), "min": ms_figure(vals[0]), "p50": ms_figure(quantile(vals, 0.5)),
+        "p90": ms_figure(quantile(vals, 0.9)), "p99": ms_figure(quantile(vals, 0.99)),
+        "max": ms_figure(vals[-1]), "mean": ms_figure(math.fsum(vals) / len(vals)),
     }
 
 

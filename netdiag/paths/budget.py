@@ -40,6 +40,7 @@ from netdiag.analysis.stats import (
     LEVEL,
     MedianDraws,
     median,
+    ms_figure,
     percentiles,
 )
 from netdiag.paths.chains import Chains, Node, is_resp
@@ -399,6 +400,10 @@ PHASE_LABELS = {
 }
 
 
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else ms_figure(x)
+
+
 def _fmt_ms(x: float) -> str:
     return f"{x:.1f} ms"
 
@@ -457,8 +462,8 @@ class Difference:
 
     def to_json(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "phase": self.phase, "only_a": self.only_a,
-                "n_a": self.n_a, "n_b": self.n_b, "diff_ms": self.diff_ms,
-                "ci_low_ms": self.ci_low_ms, "ci_high_ms": self.ci_high_ms,
+                "n_a": self.n_a, "n_b": self.n_b, "diff_ms": _rounded(self.diff_ms),
+                "ci_low_ms": _rounded(self.ci_low_ms), "ci_high_ms": _rounded(self.ci_high_ms),
                 "level": LEVEL, "supported": self.supported, "reason": self.reason,
                 "sentence": self.sentence}
 
