@@ -84,6 +84,9 @@ alone to infer a proxy."""
 AMBIGUITY_MS = 0.1
 """An alternative assignment within this cost (milliseconds of timing) of the chosen
 one leaves the link ``ambiguous``."""
+VIABLE_SHARE = 0.5 * PROXY_MIN_SHARE
+"""Share of a child group's requests a pair's first estimate must link for the pair to
+go through the refined rounds (unless its children come from the parent's address)."""
 _BLOCK_SHIFT = 5
 _BLOCK = 1 << _BLOCK_SHIFT
 _BLOCK_MASK = _BLOCK - 1
@@ -874,17 +877,18 @@ class _Linker:
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for u in self.nodes:
             cg = self.group[id(u)]
+            if cg not in parents_of:
+                parents_of[cg] = [(pg, declared, *entry) for pg, entry in index.items()
+                                  for ok, declared in (self._allowed(pg, cg),) if ok]
+        hopeless = self._hopeless_pairs(parents_of)
+        for u in self.nodes:
+            cg = self.group[id(u)]
             urid = self.rid[id(u)]
             seen: set[int] = set()
             u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
-            parents = parents_of.get(cg)
-            if parents is None:
-                parents = parents_of[cg] = []
-                for pg, entry in index.items():
-                    ok, declared = self._allowed(pg, cg)
-                    if ok:
-                        parents.append((pg, declared, *entry))
-            for pg, declared, lst, starts, ends, block_ends, longest in parents:
+            for pg, declared, lst, starts, ends, block_ends, longest in parents_of[cg]:
+                if urid is None and (pg, cg) in hopeless:
+                    continue
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
                 kept = 0
@@ -904,7 +908,7 @@ class _Linker:
                     if p.conn is uc or p.conn.server == uc.server:
                         continue
                     e = self._edge(p, u, pg, cg, declared, urid)
-                    if e is None:
+                    if e is None or (not e.rid and (pg, cg) in hopeless):
                         continue
                     edges.append(e)
                     seen.add(id(p))
@@ -933,6 +937,70 @@ class _Linker:
                     if e is not None:
                         edges.append(e)
         return edges
+
+    def _hopeless_pairs(self, parents_of: Mapping[tuple[Any, ...], list[tuple[Any, ...]]]
+                        ) -> set[tuple[Any, Any]]:
+        """Pairs of groups that no statistic could accept, decided before any link is
+        built (most pairs, in a capture of direct traffic): not declared, no parent a
+        profile matched, no child sent from a parent's server address, and fewer child
+        requests inside some parent request than :data:`PROXY_MIN_SHARE` of the child
+        group. Such a pair can never be accepted (:meth:`accepted_pairs` wants that
+        share of the child group linked, and a link needs a parent around the child),
+        and its links would take part in no other pair's assignment; only links by equal
+        request ids are still built for it."""
+        sizes: dict[tuple[Any, ...], int] = defaultdict(int)
+        for n in self.nodes:
+            sizes[self.group[id(n)]] += 1
+        trusted_groups = {self.group[id(n)] for n in self.nodes if n.conn.id in self.trusted}
+        undecided: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        for cg, parents in parents_of.items():
+            senders = self.clients.get(cg, set())
+            undecided[cg] = [entry for entry in parents
+                             if not entry[1] and entry[0] not in trusted_groups
+                             and not senders & self.servers.get(entry[0], set())]
+        # each pair is decided as soon as its count of children inside a parent reaches
+        # the share (it stays) or can no longer reach it (hopeless)
+        need = {cg: PROXY_MIN_SHARE * sizes[cg] for cg in undecided}
+        hits: dict[tuple[Any, Any], int] = defaultdict(int)
+        misses: dict[tuple[Any, Any], int] = defaultdict(int)
+        hopeless: set[tuple[Any, Any]] = set()
+        for u in self.nodes:
+            cg = self.group[id(u)]
+            active = undecided[cg]
+            if not active:
+                continue
+            u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
+            decided = False
+            for entry in active:
+                pg, _declared, lst, starts, ends, block_ends, longest = entry
+                lo = bisect_left(starts, u_end - longest)
+                hi = bisect_right(starts, u_ts)
+                k = hi - 1
+                stop = max(lo, hi - MAX_SCAN)
+                found = False
+                while k >= stop:
+                    if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
+                        k -= _BLOCK
+                        continue
+                    if ends[k] >= u_end:
+                        p = lst[k]
+                        if p.conn is not uc and p.conn.server != uc.server:
+                            found = True
+                            break
+                    k -= 1
+                pair = (pg, cg)
+                if found:
+                    hits[pair] += 1
+                    decided = decided or hits[pair] >= need[cg]
+                else:
+                    misses[pair] += 1
+                    if sizes[cg] - misses[pair] < need[cg]:
+                        hopeless.add(pair)
+                        decided = True
+            if decided:
+                undecided[cg] = [e for e in active if (e[0], cg) not in hopeless
+                                 and hits[(e[0], cg)] < need[cg]]
+        return hopeless
 
     def _client_ip(self, c: Connection) -> str:
         ip = self._ips.get(id(c))
@@ -1110,7 +1178,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     viable = {pair for pair, st in estimates.items()
               if st.address_share >= PROXY_MIN_SHARE * 0.5
               or (st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX
-                  and st.n >= 0.5 * PROXY_MIN_SHARE * sizes[pair[1]])}
+                  and st.n >= VIABLE_SHARE * sizes[pair[1]])}
     edges = [e for e in edges if e.declared or e.rid or (e.pgroup, e.cgroup) in viable]
     stats = _keep_anchors(_pair_stats(_matching(edges, estimates, by_kind=False)),
                           estimates)

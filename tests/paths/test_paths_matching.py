@@ -119,3 +119,38 @@ def test_chain_json_says_how_each_link_was_made() -> None:
     assert steps[0]["link"] is None and steps[0]["candidates"] is None
     assert {s["link"] for s in steps[1:]} <= {"unique", "matched", "ambiguous"}
     assert all(s["candidates"] >= 1 for s in steps[1:])
+
+
+def _links(chains: Chains) -> list[tuple[str, str | None, str | None]]:
+    return sorted((n.label, n.parent.label if n.parent else None, n.link)
+                  for n in chains.nodes.values())
+
+
+@pytest.mark.parametrize(("concurrency", "source", "profile"), [
+    (16, "loopback", False), (64, "loopback", False), (16, "own", True), (32, "own", False)])
+def test_pairs_decided_hopeless_change_no_link(monkeypatch: pytest.MonkeyPatch,
+                                               concurrency: int, source: str,
+                                               profile: bool) -> None:
+    """Pairs of groups pruned before any link is built (fewer children inside a parent
+    than the acceptance share) give exactly the chains of building every link."""
+    from netdiag.paths import chains as chains_mod
+
+    conns, _ = simulate(SimParams(requests=200, concurrency=concurrency, source=source,
+                                  upstream="http1", direct=120, seed=concurrency + 7))
+    prof = parse_profile(PROFILE) if profile else None
+    pruned_sets: list[set] = []
+    real = chains_mod._Linker._hopeless_pairs
+
+    def spy(self, parents_of):  # type: ignore[no-untyped-def]
+        out = real(self, parents_of)
+        pruned_sets.append(out)
+        return out
+
+    monkeypatch.setattr(chains_mod._Linker, "_hopeless_pairs", spy)
+    pruned = _links(attribute(conns, prof))
+    if not profile:  # with it, every pair is declared or forbidden by the hop order
+        assert pruned_sets and pruned_sets[0], "the direct traffic gives pairs to prune"
+    monkeypatch.setattr(chains_mod._Linker, "_hopeless_pairs", lambda self, p: set())
+    conns_again, _ = simulate(SimParams(requests=200, concurrency=concurrency, source=source,
+                                        upstream="http1", direct=120, seed=concurrency + 7))
+    assert _links(attribute(conns_again, prof)) == pruned
