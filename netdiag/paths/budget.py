@@ -361,6 +361,13 @@ def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> N
 
 def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Connection]],
             dns_records: Sequence[DnsTransaction]) -> None:
+    # answered DNS transactions by every address they answered (one pass: each path
+    # then looks up its own servers instead of scanning every transaction)
+    by_answer: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(dns_records):
+        if t.latency_ns is not None:
+            for a in set(t.answers):
+                by_answer[a].append(i)
     for name, conns in client_conns.items():
         b = budgets[name]
         b.client_connections = list(conns)
@@ -372,9 +379,8 @@ def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Co
                 b.tcp.append(hs)
             if c.tls is not None and c.tls.handshake_ns is not None:
                 b.tls.append(c.tls.handshake_ns / 1e6)
-        for t in dns_records:
-            if t.latency_ns is not None and ips.intersection(t.answers):
-                b.dns.append(t.latency_ns / 1e6)
+        hits = sorted({i for ip in ips for i in by_answer.get(ip, ())})
+        b.dns.extend(dns_records[i].latency_ns / 1e6 for i in hits)  # type: ignore[operator]
     for b in budgets.values():
         if not b.hop_order:
             b.hop_order = [h.name for h in sorted(

@@ -881,14 +881,16 @@ class _Linker:
                 parents_of[cg] = [(pg, declared, *entry) for pg, entry in index.items()
                                   for ok, declared in (self._allowed(pg, cg),) if ok]
         hopeless = self._hopeless_pairs(parents_of)
+        live_parents = {cg: [e for e in parents if (e[0], cg) not in hopeless]
+                        for cg, parents in parents_of.items()}
         for u in self.nodes:
             cg = self.group[id(u)]
             urid = self.rid[id(u)]
             seen: set[int] = set()
             u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
-            for pg, declared, lst, starts, ends, block_ends, longest in parents_of[cg]:
-                if urid is None and (pg, cg) in hopeless:
-                    continue
+            # a child with a request id may still link by it to a hopeless pair's parent
+            for pg, declared, lst, starts, ends, block_ends, longest in (
+                    live_parents[cg] if urid is None else parents_of[cg]):
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
                 kept = 0
