@@ -53,8 +53,20 @@ class LazyGroup(click.Group):
         return cmd
 
 
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the version and which core runs (imported only when asked)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from netdiag._core import version_label
+
+    click.echo(f"netdiag {__version__} (core: {version_label()})")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="netdiag")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_show_version,
+              help="Show the version and which core runs (compiled or pure Python), and exit.")
 def cli() -> None:
     """Where the time goes between a client and an HTTPS API, from packets."""
 

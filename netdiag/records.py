@@ -8,27 +8,39 @@ the JSON form (``to_json``) turns them into the contract's ``ts`` epoch seconds 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import truediv
 from typing import Any
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
 
+def _ratio(num: int, den: int) -> float:
+    """``num / den``, correctly rounded as Python divides ints.
+
+    Not the ``/`` operator: compiled by mypyc, ``int / int`` converts both operands to
+    float first, which rounds twice once a value exceeds 2**53 (every epoch time in
+    nanoseconds), so the last digit of a ``ts`` would differ between the two cores.
+    """
+    q: float = truediv(num, den)
+    return q
+
+
 def ns_to_ts(ns: int | None) -> float | None:
     """Capture time in integer nanoseconds to epoch seconds (float), or None."""
-    return None if ns is None else ns / NS_PER_S
+    return None if ns is None else _ratio(ns, NS_PER_S)
 
 
 def ns_to_ms(ns: int | None) -> float | None:
     """A duration in integer nanoseconds to milliseconds (float), or None."""
-    return None if ns is None else ns / NS_PER_MS
+    return None if ns is None else _ratio(ns, NS_PER_MS)
 
 
 def span_ms(start_ns: int | None, end_ns: int | None) -> float | None:
     """Milliseconds from ``start_ns`` to ``end_ns``; None when either is unknown."""
     if start_ns is None or end_ns is None:
         return None
-    return (end_ns - start_ns) / NS_PER_MS
+    return _ratio(end_ns - start_ns, NS_PER_MS)
 
 
 def endpoint(ip: str, port: int) -> str:
@@ -233,7 +245,7 @@ class Request:
             "ttlb_ms": span_ms(self.ts_ns, self.last_byte_ns),
             "response_bytes": self.response_bytes, "chunks": self.chunks,
             "chunk_gaps_ms": (None if not self.chunk_gaps_ns
-                              else [g / NS_PER_MS for g in self.chunk_gaps_ns]),
+                              else [_ratio(g, NS_PER_MS) for g in self.chunk_gaps_ns]),
             "estimated": self.estimated,
             "protocol": self.protocol,
             "request_bytes": self.request_bytes,

@@ -21,6 +21,11 @@ if [ -n "$need" ]; then
     apt-get install -y -qq $need >/dev/null
     if [ -n "$rcd" ]; then rm -f "$rcd"; fi
 fi
+# builds the compiled core (mypyc), or pure Python when it cannot: --version says which
 python3 -m pip install -q -e '.[test]'
+python3 -m netdiag --version
 python3 -m ruff check .
+bash scripts/typecheck.sh
 python3 -m pytest -q "$@"
+# the pure-Python twin of the compiled modules, on the tests of the layers they make up
+NETDIAG_CORE=python python3 -m pytest -q tests/flows tests/capture tests/protocols
