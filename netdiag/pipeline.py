@@ -21,7 +21,7 @@ from netdiag.capture.reader import CaptureReader
 from netdiag.errors import InputError
 from netdiag.flows.table import FlowTable
 from netdiag.flows.tcp import TcpFlow
-from netdiag.protocols.base import HttpAnalyzer, StreamAnalyzer
+from netdiag.protocols.base import StreamAnalyzer
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.protocols.http1 import Http1Analyzer
 from netdiag.protocols.http2 import Http2Analyzer
@@ -63,6 +63,12 @@ class Options:
     keylog: KeyLog | None = None
     """TLS secrets (NSS key log) from ``--keylog`` or ``SSLKEYLOGFILE``; pcapng
     decryption-secrets blocks are added to it as the capture is read."""
+    jobs: int = 1
+    """Processes to analyze in (``netdiag.shard``): each reads all the input and keeps
+    the flows of its shard, and the records are merged into exactly what one process
+    gives. 1: this process only; 0: as many as there are cores, 1 for small input."""
+    shard: tuple[int, int] | None = None
+    """Set by ``netdiag.shard`` for each of its runs: ``(k, n)``, keep shard k of n."""
 
 
 @dataclass
@@ -138,39 +144,48 @@ class _Run:
         self.summary = SummaryBuilder()
         self.dns = DnsAnalyzer(self._on_dns)
         self.table = FlowTable(self._decide, self._on_connection, self.dns.on_udp,
-                               options.dns_ports)
+                               options.dns_ports, shard=options.shard)
         self.table.sweep_hooks.append(self.dns.expire)
+
+    def stage(self, name: str) -> None:
+        """The end of the input: ``finish`` (connections), ``secrets``, ``dns``, in order.
+
+        A hook for the shard runs of ``netdiag.shard``, which order what they emit by it.
+        """
 
     def _on_dns(self, t: DnsTransaction) -> None:
         self.summary.add_dns(t)
         self.sink.dns(t)
 
     def _decide(self, flow: TcpFlow, first: bytes) -> StreamAnalyzer | None:
+        """The analyzer of a new connection, from its ports and the client's first bytes.
+
+        The connection's protocol starts as the analyzer's (its kind while it can tell
+        no more, e.g. ``tls`` before the ServerHello) and ``_on_connection`` refines it.
+        """
         conn = flow.conn
         ports = self.options.dns_ports
+        an: StreamAnalyzer | None = None
         if _port(conn.server) in ports or _port(conn.client) in ports:
-            conn.protocol = "dns"
-            return self.dns.tcp_stream(conn.client, conn.server)
-        if looks_like_tls(first):
+            an = self.dns.tcp_stream(conn.client, conn.server)
+        elif looks_like_tls(first):
             self._sync_secrets()
-            tls: TlsAnalyzer
+            tls: TlsAnalyzer | DecryptingTlsAnalyzer
             if len(self.keylog):
                 tls = DecryptingTlsAnalyzer(self.keylog, _app_for_tls)
             else:
                 tls = TlsAnalyzer()
             conn.tls = tls.info
-            conn.protocol = "tls"
-            return tls
-        if first.startswith(H2_PREFACE[:14]):
-            conn.protocol = "h2c"
-            return Http2Analyzer(protocol="h2c")
-        if first.startswith(HTTP1_METHODS):
-            conn.protocol = "http/1.1"
-            return Http1Analyzer()
-        if _port(conn.server) in RESP_PORTS or looks_like_resp(first):
-            conn.protocol = "resp"
-            return RespAnalyzer()
-        return None
+            an = tls
+        elif first.startswith(H2_PREFACE[:14]):
+            an = Http2Analyzer(protocol="h2c")
+        elif first.startswith(HTTP1_METHODS):
+            an = Http1Analyzer()
+        elif _port(conn.server) in RESP_PORTS or looks_like_resp(first):
+            an = RespAnalyzer()
+        if an is not None:
+            conn.protocol = an.protocol or an.kind
+        return an
 
     def _sync_secrets(self) -> None:
         """Add TLS key-log secrets from pcapng decryption-secrets blocks read so far."""
@@ -189,24 +204,16 @@ class _Run:
     def _on_connection(self, flow: TcpFlow) -> None:
         conn = flow.conn
         an = flow.analyzer
-        if isinstance(an, TlsAnalyzer):
-            conn.requests = an.requests
-            if an.info.client_random:
-                self.client_randoms.add(an.info.client_random)
-            if an.info.alpn:
-                conn.protocol = an.info.alpn
-            app = an.app if isinstance(an, DecryptingTlsAnalyzer) else None
-            if app is not None:
-                conn.protocol = app.protocol
-                conn.http2 = app.http2
-        elif isinstance(an, Http1Analyzer | Http2Analyzer | RespAnalyzer):
-            conn.requests = an.requests
-            conn.protocol = an.protocol
-            conn.http2 = an.http2
         if an is not None:
-            kind = ("tls" if isinstance(an, TlsAnalyzer) else
-                    "http" if isinstance(an, Http1Analyzer | Http2Analyzer) else
-                    "resp" if isinstance(an, RespAnalyzer) else "dns")
+            conn.requests = an.requests
+            random = an.client_random
+            if random:
+                self.client_randoms.add(random)
+            protocol = an.protocol
+            if protocol is not None:
+                conn.protocol = protocol
+            conn.http2 = an.http2
+            kind = an.kind
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in an.warnings:
                 self.facts.warn(Warning_(kind, f"{where}: {msg}"))
@@ -217,8 +224,9 @@ class _Run:
         self.sink.connection(conn)
 
 
-def _app_for_tls(alpn: str | None, first: bytes) -> HttpAnalyzer | None:
-    """The HTTP analyzer for a decrypted connection, from ALPN or its first bytes."""
+def _app_for_tls(alpn: str | None, first: bytes) -> StreamAnalyzer | None:
+    """The analyzer of a decrypted connection's data (HTTP/2, HTTP/1.x, RESP), from ALPN
+    or its first bytes; None when it is none of those."""
     if alpn == "h2" or first.startswith(H2_PREFACE[:14]):
         return Http2Analyzer(protocol="h2")
     if first.startswith(HTTP1_METHODS):
@@ -235,11 +243,27 @@ def _merged(readers: list[CaptureReader]) -> Iterator[tuple[int, int, bytes, int
 
 
 def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Result:
-    """Read every capture in ``paths`` (merged by time) and feed ``sink`` as records finish."""
+    """Read every capture in ``paths`` (merged by time) and feed ``sink`` as records finish.
+
+    With ``options.jobs`` other than 1, ``netdiag.shard`` runs the analysis in several
+    processes; ``sink`` then receives every record, in the same order, after the input
+    has been read.
+    """
     options = options or Options()
+    if options.jobs != 1 and options.shard is None:
+        from netdiag.shard import analyze_sharded
+
+        return analyze_sharded(paths, sink, options)
+    return _analyze(paths, sink, options)[0]
+
+
+def _analyze(paths: list[str], sink: Sink, options: Options,
+             run_type: Callable[[Sink, Options, CaptureFacts, list[CaptureReader]], _Run] = _Run,
+             ) -> tuple[Result, _Run]:
+    """One process's analysis (of one shard when ``options.shard`` is set)."""
     facts = CaptureFacts(files=[os.fspath(p) for p in paths])
     readers = [CaptureReader(p) for p in paths]
-    run = _Run(sink, options, facts, readers)
+    run = run_type(sink, options, facts, readers)
     try:
         total = sum((r.progress()[1] or 0) for r in readers)
         if options.progress is not None:
@@ -250,8 +274,11 @@ def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Res
 
             run.table.sweep_hooks.append(_progress)
         run.table.scan(_merged(readers))
+        run.stage("finish")
         run.table.finish_all()
+        run.stage("secrets")
         run._sync_secrets()
+        run.stage("dns")
         run.dns.finish()
     finally:
         for r in readers:
@@ -276,7 +303,7 @@ def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Res
     if options.progress is not None:
         options.progress(total, total)
     return Result(facts, run.summary, findings, options.thresholds, run.client_randoms,
-                  run.keylog)
+                  run.keylog), run
 
 
 def export_pcapng(paths: list[str], out_path: str, result: Result) -> tuple[int, int]:

@@ -17,6 +17,7 @@ finished by :meth:`FlowTable.sweep`.
 from __future__ import annotations
 
 import socket
+import zlib
 from collections.abc import Callable, Iterable
 
 from netdiag.flows.defrag import Defragmenter
@@ -35,6 +36,9 @@ WELL_KNOWN_SERVER_PORTS = frozenset({
     6379, 8000, 8008, 8080, 8443, 8888, 9000, 9090, 9200, 9443, 11211, 27017,
 })
 """Ports taken as the server side when a connection's SYN was not captured."""
+FOREIGN_CACHE_MAX = 1 << 17
+"""Flow keys of other shards remembered (then forgotten at the next sweep) so that their
+packets skip the shard hash."""
 
 ETH_VLAN = (0x8100, 0x88A8, 0x9100)
 IPV6_EXT = (0, 43, 60, 51, 44)
@@ -50,11 +54,21 @@ def _ntop(addr: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET if len(addr) == 4 else socket.AF_INET6, addr)
 
 
+def shard_of(key: bytes, rkey: bytes, shards: int) -> int:
+    """The shard (0 to ``shards`` - 1) of a TCP or UDP flow, from either direction's key.
+
+    A CRC-32 of the smaller of the two keys: the same for both directions, and the same
+    in every process (unlike ``hash()`` of bytes, which is salted per process).
+    """
+    return zlib.crc32(key if key < rkey else rkey) % shards
+
+
 class FlowTable:
     """Scans packets and maintains the TCP flow table."""
 
     def __init__(self, decide: Decider, on_connection: ConnectionSink,
-                 on_dns_udp: UdpHandler, dns_ports: frozenset[int] = frozenset({53})) -> None:
+                 on_dns_udp: UdpHandler, dns_ports: frozenset[int] = frozenset({53}),
+                 shard: tuple[int, int] | None = None) -> None:
         self.decide = decide
         self.on_connection = on_connection
         self.on_dns_udp = on_dns_udp
@@ -77,6 +91,20 @@ class FlowTable:
         """Called with the current capture time at every sweep (DNS expiry, ...)."""
         self._next_sweep = SWEEP_EVERY
         """Value of ``packets`` at which the next sweep runs (kept across ``scan`` calls)."""
+        self.shard = shard
+        """``(k, n)``: keep only the TCP and UDP DNS flows whose :func:`shard_of` is k (one
+        of n processes reading the same input, see ``netdiag.shard``); None keeps all.
+        Everything before the flow key (link, IP, fragments, ``undecoded``, sweeps) is the
+        same in every shard."""
+        self._foreign: set[bytes] = set()
+        """Keys of flows of other shards seen lately."""
+        self.current = 0
+        """Number of the packet being handled (set when sharded: at sweeps and for the
+        packets this shard keeps)."""
+        self.in_sweep = False
+        """True while :meth:`sweep` runs."""
+        self.finishing: TcpFlow | None = None
+        """The connection :meth:`_finish` is finishing (or finished last)."""
 
     # -- scanning ---------------------------------------------------------------------
     def scan(self, packets: Iterable[tuple[int, int, bytes, int]], first_number: int = 1) -> None:
@@ -86,6 +114,10 @@ class FlowTable:
         next_sweep = self._next_sweep
         udp = self._udp
         flows_get = self.flows.get
+        shard = self.shard
+        shard_k, shards = shard if shard is not None else (0, 1)
+        foreign = self._foreign
+        crc32 = zlib.crc32
         # beyond any timestamp a capture can hold (if_tsoffset reaches 2**63 s)
         first = self.first_ns if self.first_ns is not None else 1 << 126
         last = self.last_ns if self.last_ns is not None else -(1 << 126)
@@ -100,6 +132,7 @@ class FlowTable:
             if npackets >= next_sweep:
                 self.packets = npackets
                 next_sweep = self._next_sweep = npackets + SWEEP_EVERY
+                self.current = pkt
                 self.sweep(ts)
             try:
                 if ltype == 1:
@@ -213,6 +246,16 @@ class FlowTable:
                 flags = data[l4 + 13]
                 key = addr + data[l4:l4 + 4]
                 entry = flows_get(key)
+                if shard is not None:
+                    if entry is None:  # a new flow: ours? (as shard_of, inlined)
+                        if key in foreign:
+                            continue
+                        rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
+                        if crc32(key if key < rkey else rkey) % shards != shard_k:
+                            foreign.add(key)
+                            foreign.add(rkey)
+                            continue
+                    self.current = pkt
                 seq = ((data[l4 + 4] << 24) | (data[l4 + 5] << 16) | (data[l4 + 6] << 8)
                        | data[l4 + 7])
                 if entry is None or (flags & SYN and not flags & ACK
@@ -241,6 +284,13 @@ class FlowTable:
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         ports = self.dns_ports
         if sport in ports or dport in ports:
+            shard = self.shard
+            if shard is not None:
+                key = addr + data[l4:l4 + 4]
+                rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
+                if shard_of(key, rkey, shard[1]) != shard[0]:
+                    return
+                self.current = pkt
             src = endpoint(_ntop(addr[:alen]), sport)
             dst = endpoint(_ntop(addr[alen:]), dport)
             self.on_dns_udp(ts, src, dst, bytes(data[l4 + 8:end]), pkt)
@@ -270,7 +320,9 @@ class FlowTable:
         dst = endpoint(_ntop(addr[alen:]), dport)
         self.connections += 1
         client, server = (src, dst) if sender_is_client else (dst, src)
-        conn = Connection(id=f"C{self.connections}", ts_ns=ts, client=client, server=server,
+        # sharded: "#<packet number>" until netdiag.shard numbers the connections of all shards
+        cid = f"C{self.connections}" if self.shard is None else f"#{self.current}"
+        conn = Connection(id=cid, ts_ns=ts, client=client, server=server,
                           last_ns=ts)
         flow = TcpFlow(conn, self.decide)
         rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
@@ -286,6 +338,9 @@ class FlowTable:
     def sweep(self, now_ns: int) -> None:
         """Finish connections idle too long, or closed and lingering; expire other state."""
         self.now_ns = now_ns
+        self.in_sweep = True
+        if len(self._foreign) > FOREIGN_CACHE_MAX:
+            self._foreign.clear()
         done: list[TcpFlow] = []
         for key, (flow, _d) in self.flows.items():
             if key != flow.keys[0]:  # visit each flow once, through its first key
@@ -299,8 +354,10 @@ class FlowTable:
         self.defrag.expire(now_ns)
         for hook in self.sweep_hooks:
             hook(now_ns)
+        self.in_sweep = False
 
     def _finish(self, flow: TcpFlow, ts: int, reason: str) -> None:
+        self.finishing = flow
         for key in flow.keys:
             entry = self.flows.get(key)
             if entry is not None and entry[0] is flow:

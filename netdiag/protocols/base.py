@@ -6,11 +6,15 @@ capture time of the packet that carried them. Direction 0 is client to server,
 1 is server to client. When bytes were never captured, ``gap`` is called instead,
 and the analyzer must resynchronise or stop parsing that direction; it must never
 raise for bad bytes (it records a warning instead).
+
+When the connection is finished, the pipeline reads what the analyzer found through
+the same interface (``kind``, ``requests``, ``protocol``, ``http2``,
+``client_random``, ``warnings``), never by asking which class it is.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from netdiag.records import Request
 
@@ -24,6 +28,9 @@ def add_warning(warnings: list[str], message: str, limit: int, dropped: str) -> 
     elif n == limit:
         warnings.append(dropped)
 
+
+AnalyzerKind = Literal["tls", "http", "resp", "dns"]
+"""What an analyzer reads; also the ``kind`` of the warnings it raises."""
 
 CLIENT = 0
 """Direction: client to server."""
@@ -46,6 +53,33 @@ class StreamAnalyzer(Protocol):
     @property
     def warnings(self) -> list[str]:
         """Plain sentences about bytes the analyzer could not parse."""
+        ...
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``tls``, ``http`` (HTTP/1.x or HTTP/2 in the clear), ``resp`` or ``dns``."""
+        ...
+
+    @property
+    def requests(self) -> list[Request]:
+        """The connection's requests in the order they started (exact or estimated);
+        empty for analyzers without requests (DNS, whose transactions go elsewhere)."""
+        ...
+
+    @property
+    def protocol(self) -> str | None:
+        """The application protocol as seen so far (``h2``, ``http/1.1``, ``resp``, a TLS
+        connection's ALPN), or None when the analyzer cannot tell more than its ``kind``."""
+        ...
+
+    @property
+    def http2(self) -> dict[str, Any] | None:
+        """HTTP/2 connection facts (see ``Connection.http2``), None without HTTP/2."""
+        ...
+
+    @property
+    def client_random(self) -> bytes | None:
+        """A TLS connection's ClientHello random (to find or embed its keys), else None."""
         ...
 
 

@@ -33,6 +33,7 @@ import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import dns.exception
 import dns.name
@@ -40,7 +41,8 @@ import dns.rcode
 import dns.rdata
 import dns.rdatatype
 
-from netdiag.records import DnsTransaction
+from netdiag.protocols.base import AnalyzerKind
+from netdiag.records import DnsTransaction, Request
 
 __all__ = ["MAX_WARNINGS", "DnsAnalyzer", "DnsTcpStream", "name_text", "rdata_text"]
 
@@ -170,7 +172,7 @@ _rcode_texts: dict[int, str] = {}
 def _qtype_text(qtype: int) -> str:
     text = _qtype_texts.get(qtype)
     if text is None:
-        text = _qtype_texts[qtype] = dns.rdatatype.to_text(qtype)
+        text = _qtype_texts[qtype] = dns.rdatatype.to_text(qtype)  # type: ignore[arg-type]
     return text
 
 
@@ -189,7 +191,7 @@ _IdKey = tuple[str, str, str, int]
 class _Open:
     """A transaction still held: waiting for its response, or for duplicates of it."""
 
-    __slots__ = ("key", "last_ns", "rec", "stream")
+    __slots__ = ("key", "last_ns", "order", "rec", "stream")
 
     def __init__(self, key: _Key, rec: DnsTransaction, last_ns: int,
                  stream: DnsTcpStream | None) -> None:
@@ -197,6 +199,8 @@ class _Open:
         self.rec = rec
         self.last_ns = last_ns
         self.stream = stream
+        self.order: Any = None
+        """``DnsAnalyzer.clock()`` when it last moved to the end of the expiry order."""
 
 
 class DnsAnalyzer:
@@ -233,6 +237,11 @@ class DnsAnalyzer:
         self._addresses: dict[tuple[int, bytes], str] = {}
         """Memo of A/AAAA rdata text (dnspython's), keyed by type and rdata bytes."""
         self._suppressed_noted = False
+        self.clock: Callable[[], Any] | None = None
+        """When set (``netdiag.shard``), called each time a transaction moves to the end
+        of the expiry order; the value is that transaction's place in the order."""
+        self.finishing_order: Any = None
+        """The ``clock()`` value of the transaction being emitted (when ``clock`` is set)."""
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -253,6 +262,10 @@ class DnsAnalyzer:
             if first.last_ns >= limit:
                 break
             self._finish(first)
+
+    def head_order(self) -> Any:
+        """The ``order`` of the transaction that is next to expire; None when none is open."""
+        return next(iter(self._open.values())).order if self._open else None
 
     def finish(self) -> None:
         """Emit every transaction still open (end of input)."""
@@ -284,6 +297,7 @@ class DnsAnalyzer:
         if txn.stream is not None:
             txn.stream._keys.discard(key)
         self.stats["transactions"] += 1
+        self.finishing_order = txn.order
         self._emit(txn.rec)
 
     def _message(self, ts_ns: int, src: str, dst: str, transport: str, wire: bytes,
@@ -346,6 +360,8 @@ class DnsAnalyzer:
         rec = txn.rec
         txn.last_ns = ts_ns
         self._open.move_to_end(txn.key)
+        if self.clock is not None:
+            txn.order = self.clock()
         rec.responses += 1
         if rec.responses > 1:
             stats["duplicate_responses"] += 1
@@ -375,12 +391,16 @@ class DnsAnalyzer:
                 self.stats["retransmissions"] += 1
                 txn.last_ns = ts_ns
                 self._open.move_to_end(key)
+                if self.clock is not None:
+                    txn.order = self.clock()
                 return
             self._finish(txn)  # answered, or timed out: the id was reused
         rec = DnsTransaction(ts_ns=ts_ns, client=client, server=server, transport=transport,
                              id=msg_id, qname=qname, qtype=_qtype_text(qtype),
                              query_packet=packet)
-        self._open[key] = _Open(key, rec, ts_ns, stream)
+        opened = self._open[key] = _Open(key, rec, ts_ns, stream)
+        if self.clock is not None:
+            opened.order = self.clock()
         self._by_id.setdefault((client, server, transport, msg_id), []).append(key)
         if stream is not None:
             stream._keys.add(key)
@@ -443,7 +463,8 @@ class DnsAnalyzer:
     def _rdata(rdclass: int, rdtype: int, wire: bytes, off: int, rdlen: int) -> str | None:
         """dnspython's text of one rdata, or None when dnspython rejects it."""
         try:
-            return rdata_text(dns.rdata.from_wire(rdclass, rdtype, wire, off, rdlen))
+            return rdata_text(dns.rdata.from_wire(
+                rdclass, rdtype, wire, off, rdlen))  # type: ignore[arg-type]
         except Exception:  # dnspython raises many kinds for bad rdata; never propagate
             return None
 
@@ -487,6 +508,29 @@ class DnsTcpStream:
     def warnings(self) -> list[str]:
         """Sentences about this connection's bytes that could not be read as DNS."""
         return self._warnings
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``dns``."""
+        return "dns"
+
+    @property
+    def requests(self) -> list[Request]:
+        """None to report: the transactions go to the DNS analyzer's sink."""
+        return []
+
+    @property
+    def protocol(self) -> None:
+        """None: ``dns``, as the connection already says."""
+        return None
+
+    @property
+    def http2(self) -> None:
+        return None
+
+    @property
+    def client_random(self) -> None:
+        return None
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         """New in-order bytes of ``direction`` (0 client to server, 1 server to client)."""

@@ -58,7 +58,7 @@ import re
 from collections import deque
 from typing import Any
 
-from netdiag.protocols.base import add_warning
+from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.sse import SseCounter, is_event_stream
 from netdiag.records import Request
 
@@ -194,6 +194,16 @@ class Http1Analyzer:
         if self._h2 is not None:
             return "h2c"
         return self._protocol or "http/1.1"
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``http``."""
+        return "http"
+
+    @property
+    def client_random(self) -> bytes | None:
+        """None: the TLS layer, if any, is not this analyzer's."""
+        return None
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         if not data or self._closed:

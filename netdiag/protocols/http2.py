@@ -131,11 +131,33 @@ from typing import Any
 from hpack import Decoder, HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
 from hyperframe.frame import Frame
 
-from netdiag.protocols.base import add_warning
+from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.sse import SseCounter, is_event_stream
 from netdiag.records import Request, ns_to_ts
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SHARED_HEADERS_MAX = 1 << 14
+"""Decoded header fields kept once and shared by every request that repeats them
+(``:method: GET``, ``content-type: ...``): a big capture repeats the same fields millions
+of times. Fields with values longer than :data:`SHARED_VALUE_MAX` are never shared;
+once full, the cache stops growing (nothing depends on it but memory)."""
+SHARED_VALUE_MAX = 96
+_shared_headers: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+
+
+def _header_pair(k: bytes | bytearray | memoryview, v: bytes | bytearray | memoryview
+                 ) -> tuple[str, str]:
+    """One decoded header field as text, the same tuple for every repeat of a short one."""
+    kb, vb = bytes(k), bytes(v)
+    if len(vb) > SHARED_VALUE_MAX:
+        return kb.decode("utf-8", "replace"), vb.decode("utf-8", "replace")
+    key = (kb, vb)
+    pair = _shared_headers.get(key)
+    if pair is None:
+        pair = (kb.decode("utf-8", "replace"), vb.decode("utf-8", "replace"))
+        if len(_shared_headers) < SHARED_HEADERS_MAX:
+            _shared_headers[key] = pair
+    return pair
 """The client connection preface (24 bytes)."""
 
 DATA = 0
@@ -485,6 +507,16 @@ class Http2Analyzer:
         return self._protocol
 
     @property
+    def kind(self) -> AnalyzerKind:
+        """``http``."""
+        return "http"
+
+    @property
+    def client_random(self) -> bytes | None:
+        """None: the TLS layer, if any, is not this analyzer's."""
+        return None
+
+    @property
     def http2(self) -> dict[str, Any]:
         """Connection facts (``Connection.http2``), built on each access."""
         return {
@@ -763,8 +795,7 @@ class Http2Analyzer:
                 try:
                     raw = (d.decoder.decode(bytes(block), raw=True) if len(block) <= HPACK_WHOLE
                            else _decode_block(d.decoder, bytes(block)))
-                    headers = [(bytes(k).decode("utf-8", "replace"),
-                                bytes(v).decode("utf-8", "replace")) for k, v in raw]
+                    headers = [_header_pair(k, v) for k, v in raw]
                 except Exception as exc:  # hpack raises several types for bad blocks
                     d.hpack_ok = False
                     if d.hpack_allowed and isinstance(exc, InvalidTableSizeError):

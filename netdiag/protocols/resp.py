@@ -73,7 +73,7 @@ import re
 from collections import deque
 from typing import Any
 
-from netdiag.protocols.base import add_warning
+from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.records import Request
 
 MAX_LINE = 64 * 1024
@@ -253,6 +253,16 @@ class RespAnalyzer:
 
     @property
     def http2(self) -> dict[str, Any] | None:
+        return None
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``resp``."""
+        return "resp"
+
+    @property
+    def client_random(self) -> bytes | None:
+        """None: the TLS layer, if any, is not this analyzer's."""
         return None
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:

@@ -33,11 +33,21 @@ Application-data records after the client's Finished drive an
 :class:`~netdiag.protocols.tls_infer.ExchangeInferrer` that guesses
 request/response exchanges (``requests``, all ``estimated=True``).
 
-Decryption (a later issue) slots in by subclassing: override :meth:`on_record`,
-which is called once per complete record after the analyzer's own processing of
-it, and set ``keep_bodies = True`` (at any time, e.g. from ``on_record`` once the
-ClientHello's ``client_random`` finds a key) to receive every record's body
-rather than ``None``; set ``infer_requests = False`` to stop the inference.
+Decryption composes with the analyzer rather than deriving from it: give
+``TlsAnalyzer(record_sink=...)`` a :class:`RecordSink` (any callable of that
+signature), which is called once per complete record after the analyzer's own
+processing of it, and set ``keep_bodies = True`` (at any time, e.g. from the sink
+once the ClientHello's ``client_random`` finds a key) to receive every record's
+body rather than ``None``; set ``infer_requests = False`` to stop the inference.
+``record_sink`` may be replaced or set to None at any time (a sink that needs no
+more records detaches itself). Overriding :meth:`on_record` in a subclass still
+works, for code written against the earlier hook, but a subclass cannot be
+compiled with the analyzer (mypyc); new code passes a sink.
+
+Without ``keep_bodies`` the walk buffers only what it parses: plaintext handshake
+records (until the handshake is encrypted or done) and the first alert. Every other
+record, application data above all, is followed by its header alone: the body is
+counted off (``left``) and never sliced or copied.
 
 Bad input never raises: bytes that are not TLS records give one warning and stop
 the parsing of that direction (an SSLv2-compatible ClientHello included); a gap
@@ -47,7 +57,9 @@ direction.
 
 from __future__ import annotations
 
-from netdiag.protocols.base import add_warning
+from typing import Any, Protocol
+
+from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
 from netdiag.protocols.tls_names import (
     alert_description,
@@ -89,6 +101,29 @@ EXT_PRE_SHARED_KEY = 41
 EXT_SUPPORTED_VERSIONS = 43
 
 _SIDES = ("client", "server")
+
+Pieces = list[tuple[int, int, int]]
+"""Where a record body came from: ``(offset in body, capture time, packet)`` of each
+TCP segment's share of it, in order."""
+
+
+class RecordSink(Protocol):
+    """Receives every complete record of a :class:`TlsAnalyzer` (a callable)."""
+
+    def __call__(self, direction: int, content_type: int, version: int,
+                 fragment: bytearray | None, first_ts_ns: int, last_ts_ns: int,
+                 first_packet: int, pieces: Pieces | None) -> None:
+        """One complete record of ``direction``, after the analyzer processed it.
+
+        ``version`` is the record header's (``0x0303``...). ``fragment`` is the
+        record body when it was collected (plaintext handshake records and the first
+        alert, or every record while ``keep_bodies`` is set), else None (also when
+        part of it was never captured); the sink owns it (the analyzer keeps no
+        reference). ``first_ts_ns``/``first_packet`` are those of the segment that
+        carried the header's first byte, ``last_ts_ns`` that of the record's last
+        byte. ``pieces`` (with ``keep_bodies``) maps the body to the segments that
+        carried it.
+        """
 
 
 class _Malformed(Exception):
@@ -153,7 +188,7 @@ class _Side:
         self.first_ts = 0
         self.first_pkt = 0
         self.last_ts = 0
-        self.pieces: list[tuple[int, int, int]] | None = None
+        self.pieces: Pieces | None = None
         """With ``keep_bodies``: ``(offset in body, ts, packet)`` of each segment's bytes."""
         self.records = 0
         self.encrypted = False
@@ -171,14 +206,17 @@ class _Side:
 class TlsAnalyzer:
     """Passive TLS analyzer of one connection (implements ``StreamAnalyzer``)."""
 
-    keep_bodies: bool = False
-    """Collect every record's body for :meth:`on_record` (decryption)."""
-    infer_requests: bool = True
-    """Guess request/response exchanges from application-data records."""
-
     def __init__(self, *, small: int = DEFAULT_SMALL,
-                 tail_gap_ns: int = DEFAULT_TAIL_GAP_NS) -> None:
-        """``small``/``tail_gap_ns`` tune the request inference (``tls_infer``)."""
+                 tail_gap_ns: int = DEFAULT_TAIL_GAP_NS,
+                 record_sink: RecordSink | None = None) -> None:
+        """``small``/``tail_gap_ns`` tune the request inference (``tls_infer``);
+        ``record_sink`` receives every complete record (see :class:`RecordSink`)."""
+        self.record_sink: RecordSink | None = record_sink
+        """Called once per complete record (decryption); None: nobody is."""
+        self.keep_bodies = False
+        """Collect every record's body for the record sink (decryption)."""
+        self.infer_requests = True
+        """Guess request/response exchanges from application-data records."""
         self.info = TlsInfo()
         """Handshake facts, filled as the handshake goes."""
         self.requests: list[Request] = []
@@ -189,6 +227,7 @@ class TlsAnalyzer:
         self.tail_gap_ns = tail_gap_ns
         self._sides = (_Side(), _Side())
         self._hook = type(self).on_record is not TlsAnalyzer.on_record
+        """A subclass overrides :meth:`on_record` (the earlier, subclassing hook)."""
         self._closed = False
         self._infer: ExchangeInferrer | None = None
         self._ch_count = 0
@@ -206,10 +245,69 @@ class TlsAnalyzer:
         self._client_finished = False
         self._done = False
 
+    # -- what the pipeline reads (StreamAnalyzer) -----------------------------------
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``tls``."""
+        return "tls"
+
+    @property
+    def protocol(self) -> str | None:
+        """The ALPN protocol the server selected, None when there was none."""
+        return self.info.alpn or None
+
+    @property
+    def http2(self) -> dict[str, Any] | None:
+        """None: without keys nothing is known about HTTP/2 inside."""
+        return None
+
+    @property
+    def client_random(self) -> bytes | None:
+        """The first ClientHello's random (the key log's index), once seen."""
+        return self.info.client_random
+
+    # -- what a record sink reads -----------------------------------------------------
+
+    @property
+    def server_hello_seen(self) -> bool:
+        """The real (not HelloRetryRequest) ServerHello was parsed."""
+        return self._sh_seen
+
+    @property
+    def tls13(self) -> bool:
+        """The ServerHello (or HelloRetryRequest) selected TLS 1.3."""
+        return self._tls13
+
+    @property
+    def cipher_suite(self) -> int | None:
+        """The cipher suite of the real ServerHello, as a number."""
+        return self._cipher
+
+    @property
+    def version_number(self) -> int | None:
+        """The negotiated version (``0x0304``...), ``supported_versions`` included."""
+        return self._version
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._closed
+
+    def warn(self, message: str) -> None:
+        """Add a warning about this connection (capped at :data:`MAX_WARNINGS`)."""
+        add_warning(self.warnings, message, MAX_WARNINGS,
+                    "tls: further warnings on this connection dropped")
+
     # -- StreamAnalyzer -------------------------------------------------------------
 
-    def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
-        """New in-order bytes of ``direction`` from the segment of ``packet``."""
+    def feed(self, direction: int, ts_ns: int, data: bytes | bytearray | memoryview,
+             packet: int) -> None:
+        """New in-order bytes of ``direction`` from the segment of ``packet``.
+
+        The flow layer gives ``bytes``; another bytes-like object is copied first,
+        unless the whole segment falls inside a record body that is skipped.
+        """
         side = self._sides[direction]
         left = side.left
         n = len(data)
@@ -219,7 +317,8 @@ class TlsAnalyzer:
             side.last_ts = ts_ns
             return
         if side.alive and n:
-            self._walk(side, direction, ts_ns, data, packet)
+            self._walk(side, direction, ts_ns,
+                       data if isinstance(data, bytes) else bytes(data), packet)
 
     def gap(self, direction: int, ts_ns: int, nbytes: int) -> None:
         """``nbytes`` of ``direction`` were never captured before the next feed."""
@@ -230,8 +329,8 @@ class TlsAnalyzer:
         if (0 < nbytes <= side.left and not side.hdr
                 and side.ctype == CT_APPLICATION_DATA and side.encrypted):
             # Inside an application-data body: record boundaries are still known.
-            self._warn(f"tls: {nbytes} bytes of the {name} stream were not captured, inside "
-                       f"an application-data record; record boundaries kept")
+            self.warn(f"tls: {nbytes} bytes of the {name} stream were not captured, inside "
+                      f"an application-data record; record boundaries kept")
             side.left -= nbytes
             side.body = None
             if side.left == 0:
@@ -250,10 +349,10 @@ class TlsAnalyzer:
                 continue
             name = _SIDES[direction]
             if side.hdr:
-                self._warn(f"tls: the {name} stream ended inside a record header")
+                self.warn(f"tls: the {name} stream ended inside a record header")
                 continue
-            self._warn(f"tls: the {name} stream ended inside a {side.length}-byte record "
-                       f"({side.left} bytes missing)")
+            self.warn(f"tls: the {name} stream ended inside a {side.length}-byte record "
+                      f"({side.left} bytes missing)")
             if side.ctype == CT_APPLICATION_DATA:
                 self._on_application_data(direction, side.first_ts, side.last_ts,
                                           side.length, side.first_pkt)
@@ -261,19 +360,15 @@ class TlsAnalyzer:
             self._infer.close()
             self._infer = None
 
-    # -- decryption hook ------------------------------------------------------------
+    # -- the earlier, subclassing record hook ------------------------------------------
 
     def on_record(self, direction: int, content_type: int, version: int,
                   fragment: bytes | None, first_ts_ns: int, last_ts_ns: int,
-                  first_packet: int, pieces: list[tuple[int, int, int]] | None = None) -> None:
-        """Called once per complete record, after the analyzer processed it.
-
-        ``fragment`` is the record body when it was collected (plaintext handshake
-        and alert records, or every record while ``keep_bodies`` is set), else
-        None (also when part of it was never captured). ``pieces`` (with
-        ``keep_bodies``) maps the body to the segments that carried it:
-        ``(offset in body, capture time, packet)`` per segment, in order. Overridden
-        by a decrypting subclass; the base class does nothing (and is not even called).
+                  first_packet: int, pieces: Pieces | None = None) -> None:
+        """Called once per complete record when a subclass overrides it (and no
+        ``record_sink`` was given); ``fragment`` as for :class:`RecordSink`, as
+        ``bytes``. Kept for code written against it; the base class does nothing
+        (and is not even called). New code passes ``record_sink`` instead.
         """
 
     # -- record layer ---------------------------------------------------------------
@@ -281,27 +376,34 @@ class TlsAnalyzer:
     def _walk(self, side: _Side, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         n = len(data)
         i = 0
-        while i < n:
-            left = side.left
+        left = side.left
+        while True:
             if left:
-                take = n - i
-                if take > left:
-                    take = left
+                avail = n - i
                 body = side.body
+                if avail < left:
+                    # The segment ends inside this record's body.
+                    if body is not None:
+                        pieces = side.pieces
+                        if pieces is not None:
+                            pieces.append((len(body), ts_ns, packet))
+                        body += memoryview(data)[i:]
+                    side.left = left - avail
+                    side.last_ts = ts_ns
+                    return
                 if body is not None:
                     pieces = side.pieces
                     if pieces is not None:
                         pieces.append((len(body), ts_ns, packet))
-                    body += memoryview(data)[i:i + take]
-                i += take
-                left -= take
-                side.left = left
+                    body += memoryview(data)[i:i + left]
+                i += left
+                side.left = left = 0
                 side.last_ts = ts_ns
-                if left == 0:
-                    self._complete(side, direction, ts_ns)
-                    if not side.alive:
-                        return
-                continue
+                self._complete(side, direction, ts_ns)
+                if not side.alive:
+                    return
+            if i >= n:
+                return
             hdr = side.hdr
             if hdr or n - i < 5:
                 if not hdr:
@@ -336,13 +438,13 @@ class TlsAnalyzer:
             if self.keep_bodies:
                 side.body = bytearray()
                 side.pieces = []
-            elif ctype == CT_ALERT or (ctype == CT_HANDSHAKE and side.hs_alive
-                                       and not side.encrypted):
+            elif (ctype == CT_HANDSHAKE and side.hs_alive and not side.encrypted) or (
+                    ctype == CT_ALERT and self.info.alert is None):
                 side.body = bytearray()
                 side.pieces = None
             else:
                 side.body = None
-            side.left = length
+            side.left = left = length
             if length == 0:
                 self._complete(side, direction, ts_ns)
                 if not side.alive:
@@ -359,16 +461,12 @@ class TlsAnalyzer:
         self._kill(side, msg)
 
     def _kill(self, side: _Side, message: str) -> None:
-        self._warn(message)
+        self.warn(message)
         side.alive = False
         side.left = 0
         side.body = None
         side.hdr.clear()
         side.hs_buf = bytearray()
-
-    def _warn(self, message: str) -> None:
-        add_warning(self.warnings, message, MAX_WARNINGS,
-                    "tls: further warnings on this connection dropped")
 
     def _complete(self, side: _Side, direction: int, last_ts: int) -> None:
         """The current record of ``side`` is complete."""
@@ -378,7 +476,11 @@ class TlsAnalyzer:
         first_ts = side.first_ts
         pkt = side.first_pkt
         if ctype == CT_APPLICATION_DATA:
-            self._on_application_data(direction, first_ts, last_ts, side.length, pkt)
+            infer = self._infer
+            if infer is not None:
+                infer.record(direction, first_ts, last_ts, side.length, pkt)
+            else:
+                self._on_application_data(direction, first_ts, last_ts, side.length, pkt)
         elif ctype == CT_HANDSHAKE:
             if side.await_finished:
                 self._on_finished(side, direction, first_ts, last_ts, pkt)
@@ -388,7 +490,11 @@ class TlsAnalyzer:
             self._on_ccs(side, direction)
         elif ctype == CT_ALERT:
             self._on_alert(side, direction, body)
-        if self._hook:
+        sink = self.record_sink
+        if sink is not None:
+            sink(direction, ctype, side.version, body, first_ts, last_ts, pkt,
+                 side.pieces if body is not None else None)
+        elif self._hook:
             self.on_record(direction, ctype, side.version,
                            None if body is None else bytes(body), first_ts, last_ts, pkt,
                            side.pieces if body is not None else None)
@@ -504,9 +610,9 @@ class TlsAnalyzer:
                 self.info.session_tickets += 1  # TLS <= 1.2 sends it in the clear
             if mtype in (HS_CLIENT_HELLO, HS_SERVER_HELLO):
                 if mlen > MAX_HELLO_LENGTH:
-                    self._warn(f"tls: a {mlen}-byte hello message from the "
-                               f"{_SIDES[direction]} (packet {side.hs_pkt}) is too long; "
-                               f"handshake not parsed")
+                    self.warn(f"tls: a {mlen}-byte hello message from the "
+                              f"{_SIDES[direction]} (packet {side.hs_pkt}) is too long; "
+                              f"handshake not parsed")
                     side.hs_alive = False
                     side.hs_buf = bytearray()
                     return
@@ -532,7 +638,7 @@ class TlsAnalyzer:
                 self._server_hello(msg, ts)
         except _Malformed:
             what = "ClientHello" if mtype == HS_CLIENT_HELLO else "ServerHello"
-            self._warn(f"tls: malformed {what} from the {_SIDES[direction]} (packet {pkt})")
+            self.warn(f"tls: malformed {what} from the {_SIDES[direction]} (packet {pkt})")
 
     def _client_hello(self, msg: bytes, ts: int, pkt: int) -> None:
         if self._sh_seen:

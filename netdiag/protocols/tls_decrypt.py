@@ -1,14 +1,25 @@
 """TLS analysis with keys: decrypt records, read the hidden handshake, hand HTTP on.
 
-:class:`DecryptingTlsAnalyzer` extends the keyless :class:`TlsAnalyzer`: once the
-ServerHello shows the cipher and both randoms, it looks the ClientHello random up in
-the key log and, when it finds secrets, decrypts every record after that point
+:class:`DecryptingTlsAnalyzer` is composed with the keyless :class:`TlsAnalyzer`, not
+derived from it: it owns one, is its record sink (``TlsAnalyzer(record_sink=...)``)
+and forwards the flow layer's bytes to it. Once the ServerHello shows the cipher and
+both randoms, it looks the ClientHello random up in the key log and, when it finds
+secrets, decrypts every record after that point
 (:class:`netdiag.tls.decrypt.TlsDecryptor`). Decrypted handshake messages give the
 selected ALPN (TLS 1.3), the certificate, session tickets, key updates and the
 exact Finished; decrypted application data goes to an HTTP analyzer (HTTP/2 or
 HTTP/1.x, picked by ALPN or by the first plaintext bytes), split where the TCP
 segments split the record so every HTTP message is timed by the packet that
 carried its first byte.
+
+What is decrypted: every record from the ServerHello on, as long as decryption
+works. TLS 1.3 hides the content type inside the encryption, so a record cannot be
+skipped without losing the session tickets, key updates and alerts it may carry
+(all reported); a TLS 1.2 application-data record whose plaintext no analyzer reads
+is still decrypted, because authenticating it is what detects a record that is
+damaged or not the one captured (reported, and the later requests then estimated).
+When a connection's key is not in the log, or decryption has stopped, the sink
+detaches itself and the connection costs what a keyless one costs.
 
 A record that fails to authenticate (wrong key, missing bytes) is a warning on the
 connection: decryption stops there, the exact requests that started before it are
@@ -20,16 +31,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from netdiag.protocols.base import HttpAnalyzer
+from netdiag.protocols.base import AnalyzerKind, StreamAnalyzer
 from netdiag.protocols.tls import (
     CT_ALERT,
     CT_APPLICATION_DATA,
     CT_CHANGE_CIPHER_SPEC,
     CT_HANDSHAKE,
+    Pieces,
     TlsAnalyzer,
 )
+from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS
 from netdiag.protocols.tls_names import alert_description, alert_level_name
-from netdiag.records import Request
+from netdiag.records import Request, TlsInfo
 from netdiag.tls.decrypt import DecryptError, TlsDecryptor
 from netdiag.tls.keylog import KeyLog
 from netdiag.tls.suites import SUITES
@@ -42,8 +55,9 @@ HS_KEY_UPDATE = 24
 MAX_HANDSHAKE_MESSAGE = 1 << 20
 """Longest decrypted handshake message buffered (certificate chains included)."""
 
-AppFactory = Callable[[str | None, bytes], "HttpAnalyzer | None"]
-"""Picks the HTTP analyzer from the selected ALPN and the client's first plaintext."""
+AppFactory = Callable[[str | None, bytes], StreamAnalyzer | None]
+"""Picks the analyzer of the decrypted bytes (HTTP/2, HTTP/1.x, RESP) from the selected
+ALPN and the client's first plaintext; None when none fits."""
 
 _OFF, _WAITING, _ON, _FAILED = 0, 1, 2, 3
 _SIDES = ("client", "server")
@@ -61,42 +75,126 @@ def _plaintext_offset(suite: int, tls13: bool, version: int) -> int:
     return 8 if spec.aead in ("aes-gcm", "aes-ccm") else 0
 
 
-class DecryptingTlsAnalyzer(TlsAnalyzer):
-    """A TLS analyzer that decrypts with a key log (implements ``StreamAnalyzer``)."""
+class DecryptingTlsAnalyzer:
+    """A TLS analyzer that decrypts with a key log (implements ``StreamAnalyzer``).
 
-    keep_bodies = True
+    ``tls`` is the keyless analyzer it feeds; ``info``, ``requests`` and
+    ``warnings`` are that analyzer's (the requests become the exact ones at
+    :meth:`close` when records were decrypted); ``app`` is the analyzer of the
+    decrypted application data, once chosen.
+    """
 
-    def __init__(self, keylog: KeyLog, app_factory: AppFactory, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, keylog: KeyLog, app_factory: AppFactory, *,
+                 small: int = DEFAULT_SMALL, tail_gap_ns: int = DEFAULT_TAIL_GAP_NS) -> None:
         self.keylog = keylog
         self.app_factory = app_factory
-        self.app: HttpAnalyzer | None = None
-        """The HTTP analyzer fed with decrypted application data, once chosen."""
+        self.tls = TlsAnalyzer(small=small, tail_gap_ns=tail_gap_ns, record_sink=self._record)
+        """The keyless analyzer: record walk, handshake facts, estimated requests."""
+        self.tls.keep_bodies = True
+        self.app: StreamAnalyzer | None = None
+        """The analyzer fed with decrypted application data, once chosen."""
         self._state = _WAITING
         self._dec: TlsDecryptor | None = None
         self._offset = 0
         self._hs_buf: tuple[bytearray, bytearray] = (bytearray(), bytearray())
-        self._hs_start: list[tuple[int, int] | None] = [None, None]
         self._failed_ns: int | None = None
         self._app_decided = False
         self._pending_app: list[tuple[int, int, bytes, int]] = []
         self._encrypted = [False, False]
         self._finished = [False, False]
 
-    # -- the hook ---------------------------------------------------------------------
-    def on_record(self, direction: int, content_type: int, version: int,
-                  fragment: bytes | None, first_ts_ns: int, last_ts_ns: int,
-                  first_packet: int, pieces: list[tuple[int, int, int]] | None = None) -> None:
-        state = self._state
-        if state in (_OFF, _FAILED):
+    # -- StreamAnalyzer -----------------------------------------------------------------
+    def feed(self, direction: int, ts_ns: int, data: bytes | bytearray | memoryview,
+             packet: int) -> None:
+        """New in-order bytes of ``direction``; see :meth:`TlsAnalyzer.feed`."""
+        self.tls.feed(direction, ts_ns, data, packet)
+
+    def gap(self, direction: int, ts_ns: int, nbytes: int) -> None:
+        """``nbytes`` of ``direction`` were never captured before the next feed."""
+        self.tls.gap(direction, ts_ns, nbytes)
+
+    def close(self, ts_ns: int) -> None:
+        """The connection ended: finish the keyless view, then put the exact requests
+        in place of the estimated ones (up to where decryption stopped, if it did)."""
+        tls = self.tls
+        if tls.closed:
             return
-        if state == _WAITING:
-            if not self._sh_seen:
+        tls.close(ts_ns)
+        tls.record_sink = None
+        if not tls.info.decrypted:
+            return  # no record decrypted: the keyless view stands
+        app = self.app
+        exact: list[Request] = []
+        if app is not None:
+            if self._state != _FAILED:
+                app.close(ts_ns)
+            exact = list(app.requests)
+            for w in app.warnings:
+                tls.warn(w)
+        # Decrypted data that is not HTTP carries no requests: nothing is estimated.
+        requests = tls.requests
+        cut = self._failed_ns if self._state == _FAILED else None
+        if cut is not None:
+            requests[:] = ([r for r in exact if r.ts_ns < cut]
+                           + [r for r in requests if r.ts_ns >= cut])
+        else:
+            requests[:] = exact
+
+    @property
+    def warnings(self) -> list[str]:
+        """The connection's warnings (the TLS layer's, then the decrypted data's)."""
+        return self.tls.warnings
+
+    @property
+    def kind(self) -> AnalyzerKind:
+        """``tls``."""
+        return "tls"
+
+    @property
+    def requests(self) -> list[Request]:
+        """Estimated requests until :meth:`close`; then the exact ones where decrypted."""
+        return self.tls.requests
+
+    @property
+    def protocol(self) -> str | None:
+        """The decrypted data's protocol once its analyzer is chosen, else the ALPN."""
+        app = self.app
+        return app.protocol if app is not None else self.tls.protocol
+
+    @property
+    def http2(self) -> dict[str, Any] | None:
+        """HTTP/2 facts of the decrypted data (None unless it is HTTP/2)."""
+        app = self.app
+        return app.http2 if app is not None else None
+
+    @property
+    def client_random(self) -> bytes | None:
+        """The ClientHello random, once seen."""
+        return self.tls.client_random
+
+    @property
+    def info(self) -> TlsInfo:
+        """Handshake facts, keyless and decrypted."""
+        return self.tls.info
+
+    @property
+    def exact_requests(self) -> list[Request]:
+        """Requests decoded from decrypted data so far."""
+        return list(self.app.requests) if self.app is not None else []
+
+    # -- the record sink ----------------------------------------------------------------
+    def _record(self, direction: int, content_type: int, version: int,
+                fragment: bytearray | None, first_ts_ns: int, last_ts_ns: int,
+                first_packet: int, pieces: Pieces | None) -> None:
+        """One complete record from :attr:`tls` (its ``record_sink``)."""
+        state = self._state
+        if state != _ON:
+            if state != _WAITING or not self.tls.server_hello_seen:
                 return
             # This is the record that completed the ServerHello.
             self._start()
-            if self._state == _ON and not self._tls13 and fragment is not None:
-                self._plain_handshake(direction, fragment, first_ts_ns, first_packet)
+            if self._state == _ON and not self.tls.tls13 and fragment is not None:
+                self._handshake(direction, fragment, None, first_ts_ns, first_packet)
             return
         dec = self._dec
         assert dec is not None
@@ -107,7 +205,7 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
             return
         if not self._encrypted[direction]:
             if content_type == CT_HANDSHAKE and fragment is not None:
-                self._plain_handshake(direction, fragment, first_ts_ns, first_packet)
+                self._handshake(direction, fragment, None, first_ts_ns, first_packet)
             return
         if fragment is None:
             self._fail(first_ts_ns, f"{_SIDES[direction]} record at packet {first_packet} "
@@ -118,59 +216,66 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
         except DecryptError as e:
             self._fail(first_ts_ns, f"{e} (packet {first_packet})")
             return
-        self.info.decrypted = True
+        info = self.tls.info
+        info.decrypted = True
         if inner == CT_HANDSHAKE:
             self._handshake(direction, plain, pieces, first_ts_ns, first_packet)
         elif inner == CT_APPLICATION_DATA:
             self._app_data(direction, plain, pieces, first_ts_ns, first_packet)
         elif inner == CT_ALERT and len(plain) >= 2 and (
-                self.info.alert is None or self.info.alert.startswith("encrypted")):
-            if plain[0] == 2 and not self._finished[direction] and self.info.resumed is not None:
+                info.alert is None or info.alert.startswith("encrypted")):
+            if plain[0] == 2 and not self._finished[direction] and info.resumed is not None:
                 # A fatal alert where this side's Finished belonged: no handshake ended.
-                self.info.finished_ns = self.info.finished_packet = None
-            self.info.alert = (f"{alert_level_name(plain[0])} "
-                                   f"{alert_description(plain[1])} from {_SIDES[direction]}")
+                info.finished_ns = info.finished_packet = None
+            info.alert = (f"{alert_level_name(plain[0])} "
+                          f"{alert_description(plain[1])} from {_SIDES[direction]}")
 
     # -- set-up -------------------------------------------------------------------------
     def _start(self) -> None:
-        info = self.info
+        tls = self.tls
+        info = tls.info
+        cipher = tls.cipher_suite
+        server_random = tls.server_random
         secrets = self.keylog.secrets_for(info.client_random) if info.client_random else {}
-        if not secrets or self._cipher is None or self.server_random is None:
+        if not secrets or cipher is None or server_random is None:
             self._off()
             return
+        version = tls.version_number or 0
         try:
-            self._dec = TlsDecryptor(secrets, self._cipher, self._version or 0,
-                                     info.client_random or b"", self.server_random,
-                                     encrypt_then_mac=self.encrypt_then_mac)
+            self._dec = TlsDecryptor(secrets, cipher, version, info.client_random or b"",
+                                     server_random, encrypt_then_mac=tls.encrypt_then_mac)
         except DecryptError as e:
-            self._warn(f"tls: cannot decrypt: {e}")
+            tls.warn(f"tls: cannot decrypt: {e}")
             info.decrypt_error = str(e)
             self._off()
             return
-        self._offset = _plaintext_offset(self._cipher, self._dec.tls13, self._version or 0)
         tls13 = self._dec.tls13
+        self._offset = _plaintext_offset(cipher, tls13, version)
         self._encrypted = [tls13, tls13]
         self._state = _ON
 
+    def _detach(self) -> None:
+        """No more records are needed: the TLS analyzer walks on without bodies or calls."""
+        self.tls.keep_bodies = False
+        self.tls.record_sink = None
+
     def _off(self) -> None:
         self._state = _OFF
-        self.keep_bodies = False
+        self._detach()
 
     def _fail(self, ts_ns: int, why: str) -> None:
-        self._warn(f"tls: decryption stopped: {why}; later requests are estimated")
-        self.info.decrypt_error = why
+        tls = self.tls
+        tls.warn(f"tls: decryption stopped: {why}; later requests are estimated")
+        tls.info.decrypt_error = why
         self._state = _FAILED
         self._failed_ns = ts_ns
-        self.keep_bodies = False
+        self._detach()
         if self.app is not None:
             self.app.close(ts_ns)
 
     # -- handshake messages -------------------------------------------------------------
-    def _plain_handshake(self, direction: int, fragment: bytes, ts: int, pkt: int) -> None:
-        self._handshake(direction, fragment, None, ts, pkt)
-
-    def _handshake(self, direction: int, plain: bytes,
-                   pieces: list[tuple[int, int, int]] | None, ts: int, pkt: int) -> None:
+    def _handshake(self, direction: int, plain: bytes | bytearray,
+                   pieces: Pieces | None, ts: int, pkt: int) -> None:
         buf = self._hs_buf[direction]
         base = len(buf)
         buf += plain
@@ -179,7 +284,7 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
             mtype = buf[pos]
             mlen = (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3]
             if mlen > MAX_HANDSHAKE_MESSAGE:
-                self._warn(f"tls: a {mlen}-byte decrypted handshake message; not parsed")
+                self.tls.warn(f"tls: a {mlen}-byte decrypted handshake message; not parsed")
                 buf.clear()
                 return
             if len(buf) - pos < 4 + mlen:
@@ -193,15 +298,15 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
         del buf[:pos]
 
     def _message(self, direction: int, mtype: int, body: bytes, at: tuple[int, int]) -> None:
-        info = self.info
+        info = self.tls.info
         dec = self._dec
         if mtype == HS_ENCRYPTED_EXTENSIONS and direction == 1:
             alpn = _alpn_from_extensions(body, 2)
             if alpn:
                 info.alpn = alpn
         elif mtype == HS_CERTIFICATE and direction == 1:
-            info.certificate = _certificate_facts(body, tls13=self._tls13)
-        elif mtype == HS_NEW_SESSION_TICKET and direction == 1 and self._tls13:
+            info.certificate = _certificate_facts(body, tls13=self.tls.tls13)
+        elif mtype == HS_NEW_SESSION_TICKET and direction == 1 and self.tls.tls13:
             info.session_tickets += 1  # TLS 1.2's, in the clear, the keyless parser counts
         elif mtype == HS_KEY_UPDATE and dec is not None:
             info.key_updates += 1
@@ -218,52 +323,29 @@ class DecryptingTlsAnalyzer(TlsAnalyzer):
                 info.finished_ns, info.finished_packet = at
 
     # -- application data ---------------------------------------------------------------
-    def _app_data(self, direction: int, plain: bytes,
-                  pieces: list[tuple[int, int, int]] | None, ts: int, pkt: int) -> None:
+    def _app_data(self, direction: int, plain: bytes, pieces: Pieces | None, ts: int,
+                  pkt: int) -> None:
         if not plain:
             return
-        parts = _split(plain, pieces, self._offset, ts, pkt)
         if not self._app_decided:
+            parts = _split(plain, pieces, self._offset, ts, pkt)
             if direction == 1:
                 self._pending_app.extend((direction, t, d, p) for t, d, p in parts)
                 return
             self._app_decided = True
-            self.app = self.app_factory(self.info.alpn, plain)
+            app = self.app = self.app_factory(self.tls.info.alpn, plain)
             pending, self._pending_app = self._pending_app, []
-            if self.app is not None:
-                for d, t, data, p in pending:
-                    self.app.feed(d, t, data, p)
-        app = self.app
-        if app is not None:
-            for t, data, p in parts:
-                app.feed(direction, t, data, p)
-
-    def close(self, ts_ns: int) -> None:
-        if self._closed:
-            return
-        super().close(ts_ns)
-        if not self.info.decrypted:
-            return  # no record decrypted: the keyless view stands
-        app = self.app
-        exact: list[Request] = []
-        if app is not None:
-            if self._state != _FAILED:
-                app.close(ts_ns)
-            exact = list(app.requests)
-            for w in app.warnings:
-                self._warn(w)
-        # Decrypted data that is not HTTP carries no requests: nothing is estimated.
-        cut = self._failed_ns if self._state == _FAILED else None
-        if cut is not None:
-            self.requests[:] = ([r for r in exact if r.ts_ns < cut]
-                                + [r for r in self.requests if r.ts_ns >= cut])
+            if app is None:
+                return
+            for d, t, data, p in pending:
+                app.feed(d, t, data, p)
         else:
-            self.requests[:] = exact
-
-    @property
-    def exact_requests(self) -> list[Request]:
-        """Requests decoded from decrypted data so far."""
-        return list(self.app.requests) if self.app is not None else []
+            app = self.app
+            if app is None:
+                return  # not HTTP: the plaintext has no reader (it was still authenticated)
+            parts = _split(plain, pieces, self._offset, ts, pkt)
+        for t, data, p in parts:
+            app.feed(direction, t, data, p)
 
 
 def _time_at(pieces: list[tuple[int, int, int]], offset: int, ts: int,
@@ -332,16 +414,35 @@ def _certificate_facts(body: bytes, tls13: bool) -> dict[str, Any] | None:
         return None
     if not certs:
         return None
-    facts: dict[str, Any] = {"subject": None, "issuer": None, "not_after": None,
-                             "size": len(certs[0]), "chain_length": len(certs),
-                             "chain_bytes": sum(len(c) for c in certs)}
+    subject, issuer, not_after = _leaf_names(certs[0])
+    return {"subject": subject, "issuer": issuer, "not_after": not_after,
+            "size": len(certs[0]), "chain_length": len(certs),
+            "chain_bytes": sum(len(c) for c in certs)}
+
+
+_LEAF_CACHE: dict[bytes, tuple[str | None, str | None, str | None]] = {}
+"""Subject, issuer and expiry by DER certificate: most connections of a capture show
+one of a few certificates, and reading one costs about 100 µs."""
+MAX_LEAF_CACHE = 256
+
+
+def _leaf_names(der: bytes) -> tuple[str | None, str | None, str | None]:
+    """Subject, issuer and expiry of a DER certificate (None where unreadable)."""
+    known = _LEAF_CACHE.get(der)
+    if known is not None:
+        return known
+    subject = issuer = not_after = None
     try:
         from cryptography import x509
 
-        cert = x509.load_der_x509_certificate(certs[0])
-        facts["subject"] = cert.subject.rfc4514_string()
-        facts["issuer"] = cert.issuer.rfc4514_string()
-        facts["not_after"] = cert.not_valid_after_utc.isoformat()
+        cert = x509.load_der_x509_certificate(der)
+        subject = cert.subject.rfc4514_string()
+        issuer = cert.issuer.rfc4514_string()
+        not_after = cert.not_valid_after_utc.isoformat()
     except Exception:  # a certificate cryptography cannot read: sizes only
         pass
-    return facts
+    names = (subject, issuer, not_after)
+    if len(_LEAF_CACHE) >= MAX_LEAF_CACHE:
+        _LEAF_CACHE.clear()
+    _LEAF_CACHE[der] = names
+    return names

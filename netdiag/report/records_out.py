@@ -14,6 +14,15 @@ def _conn_order(c: Connection) -> int:
     return int(c.id[1:])
 
 
+_ID = "\x00netdiag-connection-id\x00"
+"""Stands for the connection id in a rendered line (see ``JsonlSink.render_connection``)."""
+_QUOTED_ID = json.dumps(_ID)
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
 class CollectingSink:
     """Keeps every record, for the whole-document JSON and the terminal report."""
 
@@ -53,12 +62,46 @@ class JsonlSink:
         self.out.write("\n")
 
     def dns(self, t: DnsTransaction) -> None:
-        self._write({"type": "dns", **t.to_json()})
+        self.dns_rendered(t, self.render_dns(t))
 
     def connection(self, c: Connection) -> None:
-        self._write({"type": "connection", **c.to_json(with_requests=False)})
+        self.connection_rendered(c, self.render_connection(c))
+
+    # Rendering apart from writing: netdiag.shard renders a record in the process that
+    # finished it, before the connections of all processes are numbered, and writes the
+    # text in the parent, in order, with the final id.
+    @staticmethod
+    def render_dns(t: DnsTransaction) -> str:
+        """The record's line."""
+        return _line({"type": "dns", **t.to_json()})
+
+    def dns_rendered(self, t: DnsTransaction, text: str) -> None:
+        """Write what :meth:`render_dns` gave for ``t``."""
+        self.out.write(text)
+
+    @staticmethod
+    def render_connection(c: Connection) -> str:
+        """The connection's line and its requests' lines, a placeholder for the id."""
+        head = c.to_json(with_requests=False)
+        head["id"] = _ID
+        return _line({"type": "connection", **head}) + "".join(
+            [_line({"type": "request", **r.to_json(_ID)}) for r in c.requests])
+
+    def connection_rendered(self, c: Connection, text: str) -> None:
+        """Write what :meth:`render_connection` gave for ``c``, with ``c.id``."""
+        cid = json.dumps(c.id)
+        if text.count(_QUOTED_ID) == 1 + len(c.requests):
+            self.out.write(text.replace(_QUOTED_ID, cid))
+            return
+        # a value of the record is the placeholder itself: cut each line where the id is
+        head = c.to_json(with_requests=False)
+        head["id"] = _ID
+        before, after = _line({"type": "connection", **head}).split(_QUOTED_ID, 1)
+        parts = [before, cid, after]
         for r in c.requests:
-            self._write({"type": "request", **r.to_json(c.id)})
+            before, after = _line({"type": "request", **r.to_json(_ID)}).rsplit(_QUOTED_ID, 1)
+            parts += (before, cid, after)
+        self.out.write("".join(parts))
 
     def end(self, result: Result) -> None:
         """The records only known at the end: findings, summary, capture facts."""

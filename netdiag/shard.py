@@ -1,0 +1,551 @@
+"""``--jobs N``: one analysis in N processes, merged into exactly what one process gives.
+
+Every process reads all of the input and runs the whole pipeline (the parent is shard
+0, forked children are the others), but its flow table keeps only the TCP connections
+and UDP DNS flows whose endpoints hash to its shard (:func:`netdiag.flows.table.shard_of`):
+a packet of another shard is dropped right after its flow key is built. What comes
+before the key (link and IP decode, fragments, undecoded packets, timestamps, counts,
+the sweep every ``SWEEP_EVERY`` packets, pcapng decryption-secrets blocks) is the same
+in every process and taken from shard 0; a DNS transaction (client, server, id) lives
+where its UDP flow or its TCP connection does.
+
+Each shard records what it emits (connections, DNS transactions, warnings) with a
+*position* that means the same in every process, ``(packet, phase, within, seq)``:
+
+* at a packet, the sweep that runs before it: ``CONN`` with the creating packet of the
+  connection being finished (the table finishes them in creation order), then
+  ``EXPIRE`` with the expiry-order place of the DNS transaction (``DnsAnalyzer.clock``:
+  the position of its last move to the end of that order);
+* the packet itself (``PACKET``): a reused 4-tuple, a DNS id reused or answered too late;
+* after the input (packet ``END``): ``CONN`` (``finish_all``), ``SECRETS``, ``DNS_END``;
+* ``seq`` counts events inside one shard. Two events can only share the first three
+  parts in one shard (one packet, connection or transaction belongs to one shard).
+
+The parent sorts the events of all shards by position, numbers the connections
+``C1..CN`` by the packet that created them (as one process does), and replays the
+events through the summary, the warnings and the sink in that order: the sink and the
+summary see what one process shows them, in the same order, only later. A sink may
+offer ``render_dns``/``dns_rendered`` and ``render_connection``/``connection_rendered``
+(``JsonlSink`` does): records are then rendered in the shard that finished them, which
+keeps the serial part small.
+
+Two things that one process does across shards are checked afterwards; if either
+happened, the input is analyzed again in one process (exact, but twice the time):
+
+* a TLS key-log decryption-secrets block read after the first TLS connection was
+  decided: one process adds such secrets to the key log when it decides a TLS
+  connection, so which connections saw them would depend on the other shards;
+* a DNS expiry stopped early: one process expires transactions in their expiry order
+  up to the first one still active, which may be another shard's. It matters only when
+  the last-activity times are out of that order (a DNS over TCP message is timed by
+  its first segment, a capture out of time order), so ``EXPIRE`` is checked per sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import traceback
+from operator import attrgetter, itemgetter
+from typing import Any
+
+from netdiag.analysis.findings import build_findings
+from netdiag.analysis.summary import SummaryBuilder
+from netdiag.capture.reader import CaptureReader
+from netdiag.pipeline import (
+    DSB_TLS_KEY_LOG,
+    CaptureFacts,
+    Options,
+    Result,
+    Sink,
+    _analyze,
+    _Run,
+)
+from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
+from netdiag.protocols.dns import DnsAnalyzer
+from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
+from netdiag.tls.keylog import KeyLog
+
+AUTO_MIN_BYTES = 64 << 20
+"""``--jobs`` unset or 0: input smaller than this (all files) is analyzed in one process
+(starting the others and merging costs about what they save below this)."""
+
+END = 1 << 62
+"""The packet position of what is emitted after the input (beyond any packet number)."""
+CONN, EXPIRE, DNS_END, PACKET = 0, 1, 2, 3
+"""Phases, in order, at one packet position (see the module docstring)."""
+SECRETS = 1
+"""The phase between ``CONN`` and ``DNS_END`` at ``END``."""
+
+WARN, SECRETS_WARN, CONNECTION, DNS = 0, 1, 2, 3
+"""Kinds of event."""
+
+Position = tuple[int, int, Any, int]
+Event = tuple[Position, int, Any, Any]
+"""(position, kind, record, extra): a connection's extra is its rendered text or None, a
+DNS transaction's the same, a warning's the id of the connection it may be about."""
+
+
+class Sequential(Exception):
+    """Internal: a shard met what only one process can reproduce (module docstring)."""
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    """Shard processes are forked: is that possible here?"""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def resolve_jobs(jobs: int | None, paths: list[str]) -> int:
+    """``--jobs``: a positive count as given; None or 0 picks: the CPUs available, or 1
+    for input below :data:`AUTO_MIN_BYTES` (or not regular files)."""
+    if jobs:
+        return jobs
+    if not all(os.path.isfile(p) for p in paths):
+        return 1  # a pipe, or a missing file (the analysis says what is wrong)
+    try:
+        total = sum(os.path.getsize(p) for p in paths)
+    except OSError:
+        return 1
+    return 1 if total < AUTO_MIN_BYTES else available_cpus()
+
+
+def _shardable(paths: list[str]) -> bool:
+    """Every shard reads each file again: regular files only (not a pipe)."""
+    return can_fork() and all(os.path.isfile(p) for p in paths)
+
+
+# -- one shard --------------------------------------------------------------------------
+
+def _created(flow: Any) -> int:
+    """The packet that created a connection (its id is ``#packet`` in a shard run)."""
+    return int(flow.conn.id[1:]) if flow is not None else -1
+
+
+class _NoSummary(SummaryBuilder):
+    """A shard adds nothing up: the parent replays every record through the real one."""
+
+    def add_dns(self, t: DnsTransaction) -> None:
+        pass
+
+    def add_connection(self, c: Connection) -> None:
+        pass
+
+
+class _Facts(CaptureFacts):
+    """Records the run's warnings as events (kept in order with the records)."""
+
+    def __init__(self, run: ShardRun) -> None:
+        super().__init__()
+        self.run = run
+
+    def warn(self, w: Warning_) -> None:
+        run = self.run
+        if run.in_sync:
+            run.events.append((run.position(), SECRETS_WARN, w, None))
+        else:
+            flow = run.table.finishing
+            run.events.append((run.position(), WARN, w,
+                               flow.conn.id if flow is not None else None))
+
+
+class _Recorder:
+    """The sink of a shard run: each record becomes an event, rendered if the sink can."""
+
+    def __init__(self, run: ShardRun, sink: Any) -> None:
+        self.run = run
+        pre = hasattr(sink, "dns_rendered") and hasattr(sink, "connection_rendered")
+        self.render_dns = getattr(sink, "render_dns", None) if pre else None
+        self.render_connection = getattr(sink, "render_connection", None) if pre else None
+
+    def dns(self, t: DnsTransaction) -> None:
+        run = self.run
+        render = self.render_dns
+        run.events.append((run.position(), DNS, t, None if render is None else render(t)))
+
+    def connection(self, c: Connection) -> None:
+        run = self.run
+        render = self.render_connection
+        run.events.append((run.position(), CONNECTION, c,
+                           None if render is None else render(c)))
+
+
+class ShardRun(_Run):
+    """The pipeline of one shard: records events with their positions instead of emitting."""
+
+    def __init__(self, sink: Sink, options: Options, facts: CaptureFacts,
+                 readers: list[CaptureReader]) -> None:
+        super().__init__(sink, options, facts, readers)
+        self.events: list[Event] = []
+        self._seq = 0
+        self._stage: str | None = None
+        self._expiring_at = -1
+        self.in_sync = False
+        self.first_sync: tuple[Position, int] | None = None
+        """Position of the first TLS decision and the TLS secrets blocks read by then."""
+        self.udp_warnings: list[tuple[Position, str]] = []
+        """The DNS analyzer's own warnings (UDP messages), with their positions."""
+        self.udp_suppressed = 0
+        """UDP warnings the DNS analyzer only counted."""
+        self.expire_heads: dict[int, Any] = {}
+        """Per sweep: the expiry-order place of the first transaction left open."""
+        self.expired_last: dict[int, Any] = {}
+        """Per sweep: the expiry-order place of the last transaction expired."""
+        self.sink = _Recorder(self, sink)
+        self.summary = _NoSummary()
+        self.facts = _Facts(self)
+        self.dns.clock = self.position
+        hooks = self.table.sweep_hooks
+        hooks[hooks.index(self.dns.expire)] = self._expire
+        self.table.on_dns_udp = self._on_udp
+
+    def position(self) -> Position:
+        """Where the run is, as every shard would say it (module docstring)."""
+        self._seq += 1
+        t = self.table
+        stage = self._stage
+        if stage is None:
+            p = t.current
+            if not t.in_sweep:
+                return (p, PACKET, 0, self._seq)
+            if self._expiring_at == p:
+                return (p, EXPIRE, self.dns.finishing_order, self._seq)
+            return (p, CONN, _created(t.finishing), self._seq)
+        if stage == "finish":
+            return (END, CONN, _created(t.finishing), self._seq)
+        if stage == "secrets":
+            return (END, SECRETS, 0, self._seq)
+        return (END, DNS_END, self.dns.finishing_order, self._seq)
+
+    def stage(self, name: str) -> None:
+        self._stage = name
+
+    def _expire(self, now_ns: int) -> None:
+        p = self.table.current
+        self._expiring_at = p
+        events = self.events
+        n = len(events)
+        self.dns.expire(now_ns)
+        if len(events) > n:
+            self.expired_last[p] = events[-1][0][2]
+        head = self.dns.head_order()
+        if head is not None:
+            self.expire_heads[p] = head
+
+    def _on_udp(self, ts_ns: int, src: str, dst: str, payload: bytes, packet: int) -> None:
+        dns = self.dns
+        warnings = dns.warnings
+        n = len(warnings)
+        suppressed = dns.stats["warnings_suppressed"]
+        dns.on_udp(ts_ns, src, dst, payload, packet)
+        if len(warnings) > n:
+            self.udp_warnings.extend((self.position(), msg) for msg in warnings[n:])
+        self.udp_suppressed += dns.stats["warnings_suppressed"] - suppressed
+
+    def _sync_secrets(self) -> None:
+        blocks = sum(1 for r in self.readers for stype, _d in r.secrets
+                     if stype == DSB_TLS_KEY_LOG)
+        if self.first_sync is None:
+            if self._stage is None:
+                self.first_sync = (self.position(), blocks)
+        elif blocks > self.first_sync[1]:
+            raise Sequential("a decryption-secrets block after the first TLS connection")
+        self.in_sync = True
+        try:
+            super()._sync_secrets()
+        finally:
+            self.in_sync = False
+
+    def output(self) -> ShardOutput:
+        dns = self.dns
+        return ShardOutput(self.events, self.udp_warnings, self.udp_suppressed,
+                           dns.stats["warnings_suppressed"], self.client_randoms,
+                           self.first_sync, self.expire_heads, self.expired_last)
+
+
+@dataclasses.dataclass
+class ShardOutput:
+    """What a shard hands to the merge."""
+
+    events: list[Event]
+    udp_warnings: list[tuple[Position, str]]
+    udp_suppressed: int
+    dns_suppressed: int
+    """All the DNS warnings the shard's analyzer only counted (UDP and TCP)."""
+    client_randoms: set[bytes]
+    first_sync: tuple[Position, int] | None
+    expire_heads: dict[int, Any]
+    expired_last: dict[int, Any]
+
+
+# -- across processes -------------------------------------------------------------------
+# Records cross as tuples of their fields (mypyc-compiled classes need not pickle).
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_CONN_FIELDS = _field_names(Connection)
+_CONN_TLS = _CONN_FIELDS.index("tls")
+_CONN_REQUESTS = _CONN_FIELDS.index("requests")
+_get_conn = attrgetter(*_CONN_FIELDS)
+_get_tls = attrgetter(*_field_names(TlsInfo))
+_get_request = attrgetter(*_field_names(Request))
+_get_dns = attrgetter(*_field_names(DnsTransaction))
+_get_warning = attrgetter(*_field_names(Warning_))
+
+
+def pack_connection(c: Connection) -> tuple[Any, ...]:
+    v = list(_get_conn(c))
+    if c.tls is not None:
+        v[_CONN_TLS] = _get_tls(c.tls)
+    v[_CONN_REQUESTS] = [_get_request(r) for r in c.requests]
+    return tuple(v)
+
+
+def unpack_connection(v: tuple[Any, ...]) -> Connection:
+    values = list(v)
+    if values[_CONN_TLS] is not None:
+        values[_CONN_TLS] = TlsInfo(*values[_CONN_TLS])
+    values[_CONN_REQUESTS] = [Request(*r) for r in values[_CONN_REQUESTS]]
+    return Connection(*values)
+
+
+def _pack(out: ShardOutput) -> ShardOutput:
+    packed: list[Event] = []
+    for pos, kind, rec, extra in out.events:
+        if kind == CONNECTION:
+            packed.append((pos, kind, pack_connection(rec), extra))
+        elif kind == DNS:
+            packed.append((pos, kind, _get_dns(rec), extra))
+        else:
+            packed.append((pos, kind, _get_warning(rec), extra))
+    return dataclasses.replace(out, events=packed)
+
+
+def _unpack(out: ShardOutput) -> ShardOutput:
+    events: list[Event] = []
+    for pos, kind, rec, extra in out.events:
+        if kind == CONNECTION:
+            events.append((pos, kind, unpack_connection(rec), extra))
+        elif kind == DNS:
+            events.append((pos, kind, DnsTransaction(*rec), extra))
+        else:
+            events.append((pos, kind, Warning_(*rec), extra))
+    return dataclasses.replace(out, events=events)
+
+
+def _shard_options(options: Options, k: int, n: int, *, parent: bool) -> Options:
+    keylog = options.keylog
+    if keylog is not None:
+        keylog = KeyLog()  # the parent's own: options.keylog stays as given until the end
+        keylog.merge(options.keylog)  # type: ignore[arg-type]
+    return dataclasses.replace(options, jobs=1, shard=(k, n), keylog=keylog,
+                               progress=options.progress if parent else None)
+
+
+def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
+           sink: Any) -> None:
+    """A forked shard: run, then send the output (or what went wrong) to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the shards
+    try:
+        _res, run = _analyze(paths, sink, _shard_options(options, k, n, parent=False),
+                             ShardRun)
+        assert isinstance(run, ShardRun)
+        gc.disable()  # the collector would walk every record while they are packed
+        data = pickle.dumps(("ok", _pack(run.output())), pickle.HIGHEST_PROTOCOL)
+    except Sequential as e:
+        data = pickle.dumps(("sequential", str(e)))
+    except BaseException as e:  # everything goes to the parent
+        try:
+            data = pickle.dumps(("error", e))
+        except Exception:
+            data = pickle.dumps(("error", RuntimeError(
+                f"shard {k} of {n} failed:\n{traceback.format_exc()}")))
+    conn.send_bytes(data)
+    conn.close()
+
+
+# -- the parent -------------------------------------------------------------------------
+
+def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
+    """``analyze`` in ``options.jobs`` processes (0: :func:`resolve_jobs`)."""
+    n = resolve_jobs(options.jobs, paths)
+    if n <= 1 or not _shardable(paths):
+        return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
+    ctx = multiprocessing.get_context("fork")
+    for stream in (sys.stdout, sys.stderr):  # a child must not write the parent's buffers
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    children: list[tuple[Any, Any]] = []
+    try:
+        for k in range(1, n):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, paths, options, k, n, sink),
+                               name=f"netdiag-shard-{k}", daemon=True)
+            proc.start()
+            send.close()
+            children.append((proc, receive))
+        try:
+            res0, run0 = _analyze(paths, sink, _shard_options(options, 0, n, parent=True),
+                                  ShardRun)
+        except Sequential:
+            return _sequential(paths, sink, options, children)
+        assert isinstance(run0, ShardRun)
+        outputs = [run0.output()]
+        collecting = gc.isenabled()
+        gc.disable()  # unpickling makes many objects and no garbage: 5x faster without
+        try:
+            for proc, receive in children:
+                try:
+                    status, payload = pickle.loads(receive.recv_bytes())
+                except EOFError:
+                    proc.join()
+                    raise RuntimeError(f"{proc.name} ended without a result "
+                                       f"(exit code {proc.exitcode})") from None
+                proc.join()
+                if status == "sequential":
+                    return _sequential(paths, sink, options, children)
+                if status == "error":
+                    raise payload
+                outputs.append(_unpack(payload))
+        finally:
+            if collecting:
+                gc.enable()
+    finally:
+        _stop(children)
+    merged = merge(outputs, res0.capture)
+    if merged is None:
+        return _sequential(paths, sink, options, [])
+    return replay(merged, sink, options, run0, res0)
+
+
+def _stop(children: list[tuple[Any, Any]]) -> None:
+    for proc, receive in children:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join()
+        receive.close()
+
+
+def _sequential(paths: list[str], sink: Sink, options: Options,
+                children: list[tuple[Any, Any]]) -> Result:
+    _stop(children)
+    children.clear()
+    return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
+
+
+@dataclasses.dataclass
+class Merged:
+    """The shards' events in the order one process emits them, and the connection ids."""
+
+    events: list[Event]
+    ids: dict[int, str]
+    """Connection id by creating packet."""
+    dns_warnings: list[str]
+    """The DNS analyzer's warnings, as one process lists them."""
+    client_randoms: set[bytes]
+
+
+def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Merged | None:
+    """Order the events of all shards; None when only one process can be exact."""
+    # the expiry of every sweep stopped where one process stops
+    heads: dict[int, Any] = {}
+    last: dict[int, Any] = {}
+    for o in outputs:
+        for p, order in o.expire_heads.items():
+            if p not in heads or order < heads[p]:
+                heads[p] = order
+        for p, order in o.expired_last.items():
+            if p not in last or order > last[p]:
+                last[p] = order
+    if any(p in heads and heads[p] < order for p, order in last.items()):
+        return None
+    # every TLS secrets block had been read at the first TLS decision
+    syncs = [o.first_sync for o in outputs if o.first_sync is not None]
+    if syncs and capture is not None:
+        blocks = sum(1 for stype, _d in capture.secrets if stype == DSB_TLS_KEY_LOG)
+        if min(syncs, key=itemgetter(0))[1] != blocks:
+            return None
+    # secrets warnings: the shard that synced first says them where one process does
+    secrets_from = None
+    firsts = [(next(e[0] for e in o.events if e[1] == SECRETS_WARN), i)
+              for i, o in enumerate(outputs) if any(e[1] == SECRETS_WARN for e in o.events)]
+    if firsts:
+        secrets_from = min(firsts)[1]
+    events: list[Event] = []
+    for i, o in enumerate(outputs):
+        if secrets_from is None or i == secrets_from:
+            events.extend(o.events)
+        else:
+            events.extend(e for e in o.events if e[1] != SECRETS_WARN)
+    events.sort(key=itemgetter(0))
+    created = sorted(int(e[2].id[1:]) for e in events if e[1] == CONNECTION)
+    ids = {p: f"C{i}" for i, p in enumerate(created, 1)}
+    # the DNS analyzer's list: the first ones in order, the rest counted
+    udp = sorted((w for o in outputs for w in o.udp_warnings), key=itemgetter(0))
+    analyzer = DnsAnalyzer(lambda _t: None)
+    analyzer.warnings = [msg for _pos, msg in udp[:DNS_MAX_WARNINGS]]
+    listed = sum(len(o.udp_warnings) for o in outputs)
+    udp_total = listed + sum(o.udp_suppressed for o in outputs)
+    analyzer.stats["warnings_suppressed"] = (
+        sum(o.dns_suppressed - o.udp_suppressed for o in outputs)
+        + udp_total - len(analyzer.warnings))
+    analyzer.finish()  # adds the "further DNS warnings" sentence as one process does
+    randoms: set[bytes] = set()
+    for o in outputs:
+        randoms |= o.client_randoms
+    return Merged(events, ids, analyzer.warnings, randoms)
+
+
+def replay(merged: Merged, sink: Sink, options: Options, run0: _Run, res0: Result) -> Result:
+    """Feed the merged events to ``sink`` and a summary; the result one process returns."""
+    facts = dataclasses.replace(res0.capture, warnings=[], warnings_dropped=0)
+    summary = SummaryBuilder()
+    ids = merged.ids
+    dns_rendered = getattr(sink, "dns_rendered", None)
+    connection_rendered = getattr(sink, "connection_rendered", None)
+    for _pos, kind, rec, extra in merged.events:
+        if kind == CONNECTION:
+            rec.id = ids[int(rec.id[1:])]
+            summary.add_connection(rec)
+            if extra is not None and connection_rendered is not None:
+                connection_rendered(rec, extra)
+            else:
+                sink.connection(rec)
+        elif kind == DNS:
+            summary.add_dns(rec)
+            if extra is not None and dns_rendered is not None:
+                dns_rendered(rec, extra)
+            else:
+                sink.dns(rec)
+        else:
+            if extra is not None and rec.message.startswith(extra + " "):
+                rec = dataclasses.replace(
+                    rec, message=ids[int(extra[1:])] + rec.message[len(extra):])
+            facts.warn(rec)
+    for r in run0.readers:
+        for w in r.warnings:
+            facts.warn(w)
+    for msg in merged.dns_warnings:
+        facts.warn(Warning_("dns", msg))
+    findings = build_findings(summary, options.thresholds, facts.truncated)
+    keylog = run0.keylog
+    if options.keylog is not None:
+        options.keylog.merge(keylog)  # as one process leaves it: with the blocks' secrets
+        keylog = options.keylog
+    return Result(facts, summary, findings, options.thresholds, merged.client_randoms,
+                  keylog)

@@ -1,0 +1,445 @@
+"""``netdiag report --jobs N``: the sharded analysis gives byte for byte what one process does.
+
+The shipped capture (with and without its key log), a generated one with 10k
+connections (``tests/jobs_capture.py``), the same split in two files, and the two
+cases where the shards cannot be exact and the run falls back to one process. The
+merge order is also checked on hand-made shard outputs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import jobs_capture as gen
+import pytest
+from click.testing import CliRunner
+
+from netdiag import shard
+from netdiag.capture.pcapng_writer import PcapngWriter
+from netdiag.cli import cli
+from netdiag.errors import InputError
+from netdiag.flows.table import FlowTable, shard_of
+from netdiag.pipeline import CaptureFacts, Options, analyze
+from netdiag.records import Connection, DnsTransaction, Warning_
+from netdiag.report.records_out import CollectingSink, JsonlSink
+
+ROOT = Path(__file__).resolve().parent.parent
+ANTHO = ROOT / "captures" / "antho.pcapng"
+KEYS = ROOT / "captures" / "antho.keys"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NETDIAG_JOBS", raising=False)
+
+
+@pytest.fixture
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the runs that fell back to one process."""
+    seen: list[int] = []
+    real = shard._sequential
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(shard, "_sequential", spy)
+    return seen
+
+
+def report(*args: str) -> bytes:
+    result = CliRunner().invoke(cli, ["report", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout_bytes
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("jobs") / "mixed.pcap"
+    gen.write_mixed(path)
+    return path
+
+
+# -- byte-identical reports ---------------------------------------------------------------
+
+@pytest.mark.parametrize("keys", [False, True], ids=["keyless", "keylog"])
+@pytest.mark.parametrize("fmt", ["text", "json", "jsonl", "har", "html"])
+def test_shipped_capture(fmt: str, keys: bool, fallbacks: list[int]) -> None:
+    args = [str(ANTHO), "--format", fmt, *(["--keylog", str(KEYS)] if keys else [])]
+    one = report(*args, "--jobs", "1")
+    assert one
+    for jobs in ("2", "3"):
+        assert report(*args, "--jobs", jobs) == one, f"--jobs {jobs} differs"
+    assert not fallbacks
+
+
+def test_generated_capture_jsonl(mixed: Path, fallbacks: list[int]) -> None:
+    one = report(str(mixed), "--format", "jsonl", "--jobs", "1")
+    lines = one.decode().splitlines()
+    types = {json.loads(line)["type"] for line in lines}
+    assert types >= {"dns", "connection", "request", "summary", "capture"}
+    cap = json.loads(lines[-1])
+    assert cap["packets"] > 65536  # at least two sweeps
+    assert len(cap["warnings"]) == 200 and cap["warnings_dropped"] > 0
+    conns = [json.loads(line) for line in lines if '"type":"connection"' in line]
+    assert len(conns) > 9900
+    closes = {c["close"] for c in conns}
+    assert closes == {"fin", "idle", "reused", "open"}
+    assert any(c["client"].startswith("[") for c in conns)  # IPv6
+    assert any(c["protocol"] == "dns" for c in conns)  # DNS over TCP
+    for jobs in ("2", "3"):
+        assert report(str(mixed), "--format", "jsonl", "--jobs", jobs) == one
+    assert not fallbacks
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_generated_capture_collected(mixed: Path, fmt: str, fallbacks: list[int]) -> None:
+    args = [str(mixed), "--format", fmt, "--no-profile"]
+    assert report(*args, "--jobs", "2") == report(*args, "--jobs", "1")
+    assert not fallbacks
+
+
+def test_two_files(tmp_path: Path, fallbacks: list[int]) -> None:
+    paths = [str(p) for p in gen.write_mixed(tmp_path / "two.pcap", 1500, seed=7, split=2)]
+    for fmt in ("jsonl", "json"):
+        args = [*paths, "--format", fmt, "--no-profile"]
+        assert report(*args, "--jobs", "2") == report(*args, "--jobs", "1")
+    assert not fallbacks
+
+
+def test_real_process_streams_nothing_twice(tmp_path: Path) -> None:
+    """The forked shards write nothing of the parent's (stdout buffers, the jsonl sink)."""
+    def run(jobs: str) -> str:
+        p = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO), "--format",
+                            "jsonl", "--no-profile", "--jobs", jobs], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    assert run("2") == run("1")
+
+
+def test_damaged_and_compressed_input(tmp_path: Path) -> None:
+    data = ANTHO.read_bytes()
+    cut = tmp_path / "cut.pcapng"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    packed = tmp_path / "antho.pcapng.gz"
+    packed.write_bytes(gzip.compress(data))
+    for path, code in ((cut, 3), (packed, 0)):
+        outs = []
+        for jobs in ("1", "2"):
+            r = CliRunner().invoke(cli, ["report", str(path), "--format", "json", "--jobs", jobs])
+            assert r.exit_code == code, r.stderr
+            outs.append((r.stdout_bytes, r.stderr_bytes))
+        assert outs[0] == outs[1]
+
+
+def test_written_pcapng_keys(tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"keys{jobs}.pcapng"
+        report(str(ANTHO), "--format", "json", "--keylog", str(KEYS), "--write-pcapng",
+               str(out), "--jobs", jobs)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError):
+        analyze([str(ANTHO), str(tmp_path / "missing.pcap")], CollectingSink(),
+                Options(jobs=2))
+
+
+# -- what only one process can reproduce: the fallback --------------------------------------
+
+def _tls_packets(client: bytes, sport: int, t_ns: int) -> list[tuple[int, bytes]]:
+    srv = gen._ip4(0x010101)
+    rnd = bytes(range(sport % 200, sport % 200 + 32))
+    ch = gen.client_hello(rnd, "x.example")
+    sh = gen.server_hello(bytes(32)) + gen.app_data(100)
+    return [(t_ns, gen.tcp(client, srv, sport, 443, 1000, 0, gen.SYN)),
+            (t_ns + 1_000_000, gen.tcp(srv, client, 443, sport, 5000, 1001, gen.SYN | gen.ACK)),
+            (t_ns + 2_000_000, gen.tcp(client, srv, sport, 443, 1001, 5001,
+                                       gen.PSH | gen.ACK, ch)),
+            (t_ns + 3_000_000, gen.tcp(srv, client, 443, sport, 5001, 1001 + len(ch),
+                                       gen.PSH | gen.ACK, sh))]
+
+
+def test_secrets_block_after_a_tls_decision(tmp_path: Path, fallbacks: list[int]) -> None:
+    path = tmp_path / "late-keys.pcapng"
+    t0 = 1_700_000_000 * 10**9
+    first = [p for i in range(6) for p in _tls_packets(gen._ip4(0x0202 + i), 40000 + i,
+                                                        t0 + i * 10**7)]
+    later = [p for i in range(6) for p in _tls_packets(gen._ip4(0x0302 + i), 41000 + i,
+                                                        t0 + 10**9 + i * 10**7)]
+    rnd = bytes(range(41000 % 200, 41000 % 200 + 32))
+    with open(path, "wb") as f:
+        w = PcapngWriter(f)
+        for ts, frame in first:
+            w.packet(ts, 1, frame, len(frame))
+        w.secrets(f"CLIENT_RANDOM {rnd.hex()} {'ab' * 48}\n".encode())
+        for ts, frame in later:
+            w.packet(ts, 1, frame, len(frame))
+    args = [str(path), "--format", "jsonl", "--no-profile"]
+    assert report(*args, "--jobs", "2") == report(*args, "--jobs", "1")
+    assert fallbacks
+
+
+def test_unusable_secrets_block_warned_once(tmp_path: Path, fallbacks: list[int]) -> None:
+    path = tmp_path / "bad-keys.pcapng"
+    t0 = 1_700_000_000 * 10**9
+    with open(path, "wb") as f:
+        w = PcapngWriter(f)
+        w.secrets(b"CLIENT_RANDOM not-hex\n")
+        for i in range(8):
+            for ts, frame in _tls_packets(gen._ip4(0x0402 + i), 42000 + i, t0 + i * 10**7):
+                w.packet(ts, 1, frame, len(frame))
+    args = [str(path), "--format", "json", "--no-profile"]
+    one = report(*args, "--jobs", "1")
+    assert one.count(b"unusable decryption secrets block") == 1
+    assert report(*args, "--jobs", "2") == one
+    assert not fallbacks
+
+
+def _ports_in_shards(a: bytes, b: bytes, resolver: bytes) -> tuple[int, int]:
+    """A client port of ``a`` and of ``b`` towards ``resolver``:53 in different shards of 2."""
+    def shard_at(client: bytes, port: int) -> int:
+        key = client + resolver + struct.pack("!HH", port, 53)
+        rkey = resolver + client + struct.pack("!HH", 53, port)
+        return shard_of(key, rkey, 2)
+
+    pa = 30000
+    pb = next(p for p in range(30000, 31000) if shard_at(b, p) != shard_at(a, pa))
+    return pa, pb
+
+
+def test_dns_expiry_out_of_activity_order(tmp_path: Path, fallbacks: list[int]) -> None:
+    """One process's expiry stops at a transaction of the other shard (module docstring)."""
+    s = 10**9
+    res = gen._ip4(0x350035)
+    ct, cu = gen._ip4(0x0901), gen._ip4(0x0902)
+    pt, pu = _ports_in_shards(ct, cu, res)
+    q = gen.dns_message(7, "t.example")
+    r = gen.dns_message(7, "t.example", response=True)
+    q2 = struct.pack("!H", len(q)) + q
+    r2 = struct.pack("!H", len(r)) + r
+    pkts = [
+        (99 * s, gen.tcp(ct, res, pt, 53, 100, 0, gen.SYN)),
+        (99 * s + 1000, gen.tcp(res, ct, 53, pt, 900, 101, gen.SYN | gen.ACK)),
+        (99_900_000_000, gen.tcp(ct, res, pt, 53, 101, 901, gen.PSH | gen.ACK, q2)),
+        (100 * s, gen.tcp(res, ct, 53, pt, 901, 101 + len(q2), gen.PSH | gen.ACK, r2[:5])),
+        (100_200_000_000, gen.udp(cu, res, pu, 53, gen.dns_message(9, "u.example"))),
+        # the response completes here, timed by its first segment (100.0 s)
+        (100_500_000_000, gen.tcp(res, ct, 53, pt, 906, 101 + len(q2), gen.PSH | gen.ACK,
+                                  r2[5:])),
+    ]
+    filler = gen.udp(gen._ip4(0x0903), gen._ip4(0x0904), 5000, 9, b"x")
+    n = len(pkts)
+    pkts += [(100_600_000_000 + i * 100_000, filler) for i in range(32767 - n)]
+    pkts.append((105_150_000_000, filler))  # packet 32768: the sweep (limit 100.15 s)
+    pkts += [(106 * s + i, filler) for i in range(10)]
+    out = [struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1)]
+    for ts, frame in pkts:
+        ts += 1_700_000_000 * s
+        out.append(struct.pack("<IIII", ts // s, ts % s, len(frame), len(frame)) + frame)
+    path = tmp_path / "expiry.pcap"
+    path.write_bytes(b"".join(out))
+    args = [str(path), "--format", "jsonl", "--no-profile"]
+    one = report(*args, "--jobs", "1")
+    assert report(*args, "--jobs", "2") == one
+    assert fallbacks
+    assert b'"qname":"t.example"' in one
+
+
+# -- the parts ----------------------------------------------------------------------------
+
+def test_shard_of_is_direction_independent_and_spreads() -> None:
+    rng = random.Random(1)
+    counts = [0, 0, 0]
+    for _ in range(3000):
+        a, b = rng.randbytes(4), rng.randbytes(4)
+        pa, pb = rng.randrange(65536) & ~1, rng.randrange(65536)  # even ports, as Linux picks
+        key = a + b + struct.pack("!HH", pa, pb)
+        rkey = b + a + struct.pack("!HH", pb, pa)
+        k = shard_of(key, rkey, 3)
+        assert k == shard_of(rkey, key, 3)
+        counts[k] += 1
+    assert min(counts) > 900
+
+
+def test_shards_see_every_packet_and_keep_their_flows() -> None:
+    def table(shard_: tuple[int, int] | None) -> tuple[FlowTable, list[Connection], list[int]]:
+        done: list[Connection] = []
+        udp: list[int] = []
+        t = FlowTable(lambda flow, first: None, lambda flow: done.append(flow.conn),
+                      lambda ts, src, dst, payload, pkt: udp.append(pkt), shard=shard_)
+        from netdiag.capture.reader import CaptureReader
+
+        with CaptureReader(ANTHO) as r:
+            t.scan(r.packets())
+        t.finish_all()
+        return t, done, udp
+
+    whole, conns, udp = table(None)
+    parts = [table((k, 3)) for k in range(3)]
+    for t, _c, _u in parts:
+        assert (t.packets, t.undecoded, t.first_ns, t.last_ns) == (
+            whole.packets, whole.undecoded, whole.first_ns, whole.last_ns)
+    created = sorted(int(c.id[1:]) for _t, cs, _u in parts for c in cs)
+    assert len(created) == len(conns) == len(set(created))
+    assert sorted(p for _t, _c, us in parts for p in us) == udp
+    assert all(c.id.startswith("#") for _t, cs, _u in parts for c in cs)
+
+
+def _conn(created: int, client: str = "10.0.0.1:1000") -> Connection:
+    return Connection(id=f"#{created}", ts_ns=created, client=client, server="10.0.0.2:443")
+
+
+def _txn(i: int) -> DnsTransaction:
+    return DnsTransaction(ts_ns=i, client="10.0.0.1:5", server="10.0.0.53:53", transport="udp",
+                          id=i, qname=f"q{i}.example", qtype="A")
+
+
+def _output(events: list[Any], **kw: Any) -> shard.ShardOutput:
+    base: dict[str, Any] = {"udp_warnings": [], "udp_suppressed": 0, "dns_suppressed": 0,
+                            "client_randoms": set(), "first_sync": None, "expire_heads": {},
+                            "expired_last": {}}
+    return shard.ShardOutput(events, **{**base, **kw})
+
+
+def test_merge_orders_as_one_process() -> None:
+    end, conn_, expire, dns_end, packet = (shard.END, shard.CONN, shard.EXPIRE, shard.DNS_END,
+                                           shard.PACKET)
+    a = [  # shard 0
+        ((5, packet, 0, 1), shard.CONNECTION, _conn(2), None),
+        ((32768, conn_, 9, 2), shard.WARN, Warning_("tls", "#9 x -> y: tls: cut"), "#9"),
+        ((32768, conn_, 9, 3), shard.CONNECTION, _conn(9), None),
+        ((32768, expire, (7, packet, 0, 1), 4), shard.DNS, _txn(1), None),
+        ((end, dns_end, (40000, packet, 0, 9), 5), shard.DNS, _txn(3), None),
+    ]
+    b = [  # shard 1
+        ((6, packet, 0, 1), shard.CONNECTION, _conn(4), None),
+        ((32768, conn_, 4, 2), shard.DNS, _txn(4), None),  # closed with its connection
+        ((32768, conn_, 4, 3), shard.CONNECTION, _conn(3), None),
+        ((32768, expire, (8, packet, 0, 2), 4), shard.DNS, _txn(2), None),
+        ((40001, packet, 0, 5), shard.CONNECTION, _conn(40001), None),
+        ((end, conn_, 1, 6), shard.CONNECTION, _conn(1), None),
+    ]
+    merged = shard.merge([_output(a), _output(b)])
+    assert merged is not None
+    order = [(e[1], e[2].id if e[1] == shard.CONNECTION else
+              getattr(e[2], "qname", None)) for e in merged.events]
+    assert order == [
+        (shard.CONNECTION, "#2"), (shard.CONNECTION, "#4"),
+        (shard.DNS, "q4.example"), (shard.CONNECTION, "#3"),  # sweep: creation order
+        (shard.WARN, None), (shard.CONNECTION, "#9"),
+        (shard.DNS, "q1.example"), (shard.DNS, "q2.example"),  # expiry order
+        (shard.CONNECTION, "#40001"), (shard.CONNECTION, "#1"), (shard.DNS, "q3.example")]
+    assert merged.ids == {1: "C1", 2: "C2", 3: "C3", 4: "C4", 9: "C5", 40001: "C6"}
+
+    got: list[str] = []
+    sink = SimpleNamespace(connection=lambda c: got.append(c.id),
+                           dns=lambda t: got.append(t.qname))
+    res0 = SimpleNamespace(capture=CaptureFacts(files=["x"]))
+    run0 = SimpleNamespace(readers=[], keylog=None)
+    result = shard.replay(merged, sink, Options(), run0, res0)  # type: ignore[arg-type]
+    assert got == ["C2", "C4", "q4.example", "C3", "C5", "q1.example", "q2.example", "C6",
+                   "C1", "q3.example"]
+    assert [w.message for w in result.capture.warnings] == ["C5 x -> y: tls: cut"]
+    assert result.summary.tcp_connections == 6 and result.summary.dns_total == 4
+
+
+def test_merge_refuses_an_expiry_one_process_would_have_stopped() -> None:
+    p = 32768
+    a = _output([((p, shard.EXPIRE, (9, 3, 0, 1), 2), shard.DNS, _txn(1), None)],
+                expired_last={p: (9, 3, 0, 1)})
+    b = _output([], expire_heads={p: (8, 3, 0, 1)})  # still active, and before it
+    assert shard.merge([a, b]) is None
+    b = _output([], expire_heads={p: (10, 3, 0, 1)})
+    assert shard.merge([a, b]) is not None
+
+
+def test_merge_refuses_secrets_read_after_the_first_tls_decision() -> None:
+    facts = CaptureFacts(secrets=[(0x544C534B, b"x")])
+    early = _output([], first_sync=((5, shard.PACKET, 0, 1), 0))
+    late = _output([], first_sync=((9, shard.PACKET, 0, 1), 1))
+    assert shard.merge([early, late], facts) is None
+    assert shard.merge([late, _output([])], facts) is not None
+
+
+def test_merge_keeps_the_secrets_warnings_of_the_first_sync() -> None:
+    w = Warning_("tls", "unusable decryption secrets block: bad")
+    a = _output([((9, shard.PACKET, 0, 1), shard.SECRETS_WARN, w, None)])
+    b = _output([((4, shard.PACKET, 0, 1), shard.SECRETS_WARN, w, None)])
+    merged = shard.merge([a, b])
+    assert merged is not None
+    assert [e[0][0] for e in merged.events] == [4]
+
+
+def test_merge_lists_dns_warnings_as_one_analyzer() -> None:
+    a = _output([], udp_warnings=[((2 * i, 3, 0, i), f"w{2 * i}") for i in range(150)],
+                dns_suppressed=4)  # 4 from a DNS over TCP stream
+    b = _output([], udp_warnings=[((2 * i + 1, 3, 0, i), f"w{2 * i + 1}") for i in range(150)])
+    merged = shard.merge([a, b])
+    assert merged is not None
+    assert merged.dns_warnings[:200] == [f"w{i}" for i in range(200)]
+    assert merged.dns_warnings[200:] == ["104 further DNS warnings were not listed"]
+
+
+def test_records_cross_processes_as_field_tuples() -> None:
+    sink = CollectingSink()
+    analyze([str(ANTHO)], sink, Options())
+    for c in sink.connections:
+        back = shard.unpack_connection(shard.pack_connection(c))
+        assert back.to_json(headers=True) == c.to_json(headers=True)
+
+
+def test_jsonl_rendering_with_the_placeholder_in_a_value() -> None:
+    """A value equal to the id placeholder does not take the id's place."""
+    from netdiag.report import records_out
+
+    c = Connection(id="C7", ts_ns=1, client=records_out._ID, server="b:1")
+    out = io.StringIO()
+    s = JsonlSink(out)
+    s.connection_rendered(c, s.render_connection(c))
+    line = json.loads(out.getvalue())
+    assert line["id"] == "C7" and line["client"] == records_out._ID
+
+
+def test_resolve_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert shard.resolve_jobs(3, [str(ANTHO)]) == 3
+    assert shard.resolve_jobs(None, [str(ANTHO)]) == 1  # small
+    assert shard.resolve_jobs(0, [str(tmp_path / "missing")]) == 1
+    monkeypatch.setattr(shard, "AUTO_MIN_BYTES", 0)
+    assert shard.resolve_jobs(0, [str(ANTHO)]) == shard.available_cpus()
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        assert shard.resolve_jobs(None, [str(fifo)]) == 1
+
+
+def test_jobs_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    real = shard.analyze_sharded
+
+    def spy(paths: list[str], sink: Any, options: Options) -> Any:
+        seen.append(options.jobs)
+        return real(paths, sink, options)
+
+    monkeypatch.setattr(shard, "analyze_sharded", spy)
+    monkeypatch.setenv("NETDIAG_JOBS", "2")
+    report(str(ANTHO), "--format", "json")
+    report(str(ANTHO), "--format", "json", "--jobs", "3")
+    monkeypatch.delenv("NETDIAG_JOBS")
+    report(str(ANTHO), "--format", "json")  # small: one process, no shards
+    assert seen == [2, 3]
