@@ -342,6 +342,7 @@ def load_profile(path: str) -> Profile:
 
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 _TOML_EOF = re.compile(r"\s*\(at end of document\)\s*$")
+_LONG_NUMBER = re.compile(r"[0-9_]{4300,}")
 
 
 def parse_profile(text: str, source: str = "<profile>") -> Profile:
@@ -359,6 +360,15 @@ def parse_profile(text: str, source: str = "<profile>") -> Profile:
             raise InputError(f"{source}:{max(last, 1)}: invalid TOML: "
                              f"{_TOML_EOF.sub('', msg)} (at end of file)") from None
         raise InputError(f"{source}:1: invalid TOML: {msg}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise InputError(f"{source}:1: invalid profile: arrays or inline tables nested "
+                         "too deeply") from None
+    except ValueError as e:  # not a TOMLDecodeError: int() of an integer beyond
+        # sys.get_int_max_str_digits() digits, which tomllib does not catch
+        m = _LONG_NUMBER.search(text)
+        line = text.count("\n", 0, m.start()) + 1 if m else 1
+        raise InputError(f"{source}:{line}: invalid profile: a number is too long "
+                         f"({str(e).split(':', 1)[0]})") from None
     return _Validator(text, source).profile(doc)
 
 

@@ -15,7 +15,7 @@ import itertools
 class SseCounter:
     """Counts events in one ``text/event-stream`` body."""
 
-    __slots__ = ("_tail", "event_times")
+    __slots__ = ("_cr", "_tail", "event_times")
 
     MAX_TAIL = 1 << 16
     """Bytes of an unfinished event kept to look for its end; beyond that only the end."""
@@ -23,24 +23,43 @@ class SseCounter:
     def __init__(self) -> None:
         self.event_times: list[int] = []
         """Capture time at which each event was complete, in order."""
-        self._tail = b""
+        self._tail = bytearray()
+        """The unfinished event so far, line ends already made ``\\n``; never holds a
+        blank line (``\\n\\n``)."""
+        self._cr = False
+        """The bytes fed so far ended with ``\\r``: a ``\\n`` first in the next bytes
+        completes that CRLF (one line end, already counted), not a blank line."""
 
     def feed(self, ts_ns: int, data: bytes) -> None:
-        """More body bytes, captured at ``ts_ns``."""
+        """More body bytes, captured at ``ts_ns``.
+
+        The result does not depend on where the body is cut into pieces (a CRLF split
+        across two segments is one line end), and each piece is searched only from the
+        end of the unfinished event before it, so cost is linear in the body.
+        """
         if not data:
             return
-        buf = self._tail + bytes(data)
-        buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        data = bytes(data)
+        if self._cr and data[:1] == b"\n":
+            data = data[1:]
+        if not data:
+            self._cr = False
+            return
+        self._cr = data[-1:] == b"\r"
+        tail = self._tail
+        pos = max(len(tail) - 1, 0)  # the tail has no blank line: one may end in it
+        tail += data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         start = 0
         while True:
-            end = buf.find(b"\n\n", start)
+            end = tail.find(b"\n\n", pos)
             if end < 0:
                 break
-            if _dispatches(buf[start:end]):
+            if _dispatches(tail[start:end]):
                 self.event_times.append(ts_ns)
-            start = end + 2
-        rest = buf[start:]
-        self._tail = rest[-self.MAX_TAIL:] if len(rest) > self.MAX_TAIL else rest
+            start = pos = end + 2
+        cut = max(start, len(tail) - self.MAX_TAIL)
+        if cut:
+            del tail[:cut]
 
     @property
     def events(self) -> int:
@@ -55,12 +74,13 @@ class SseCounter:
         return [b - a for a, b in itertools.pairwise(t)]
 
 
-def _dispatches(block: bytes) -> bool:
+def _dispatches(block: bytes | bytearray) -> bool:
     """An event is dispatched only when it has a data field (comments are keep-alives)."""
     return any(line.startswith(b"data") for line in block.split(b"\n"))
 
 
 def is_event_stream(content_type: str | None) -> bool:
     """Whether a ``content-type`` header value announces server-sent events."""
-    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() == (
-        "text/event-stream")
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
