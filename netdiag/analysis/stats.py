@@ -102,9 +102,14 @@ def bootstrap_median_diff(a: Sequence[float], b: Sequence[float] | None = None, 
     if sb is not None:
         diffs = [x - y for x, y in zip(diffs, bootstrap_medians(sb, rng, resamples),
                                        strict=True)]
-    diffs.sort()
+    return (point, *_percentile_interval(diffs, level))
+
+
+def _percentile_interval(draws: list[float], level: float) -> tuple[float, float]:
+    """The central ``level`` interval of bootstrap ``draws`` (sorted here)."""
+    draws = sorted(draws)
     tail = (1.0 - level) / 2
-    return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
+    return quantile(draws, tail), quantile(draws, 1.0 - tail)
 
 
 class MedianDraws:
@@ -116,25 +121,29 @@ class MedianDraws:
     def __init__(self, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> None:
         self.seed = seed
         self.resamples = resamples
-        self._draws: dict[str, list[float]] = {}
+        self._draws: dict[str, tuple[float, list[float]]] = {}
 
-    def of(self, name: str, values: Sequence[float]) -> list[float]:
-        """The resampled medians of ``values``, known as ``name``."""
+    def of(self, name: str, values: Sequence[float]) -> tuple[float, list[float]]:
+        """The median of ``values``, known as ``name``, and its resampled medians (one
+        sort per sample, however many comparisons it is in)."""
         d = self._draws.get(name)
         if d is None:
+            ordered = sorted(values)
             rng = random.Random(f"{self.seed}:{name}")
-            d = self._draws[name] = bootstrap_medians(sorted(values), rng, self.resamples)
+            d = self._draws[name] = (quantile(ordered, 0.5),
+                                     bootstrap_medians(ordered, rng, self.resamples))
         return d
 
-    def diff(self, name_a: str, a: Sequence[float], name_b: str | None = None,
-             b: Sequence[float] | None = None, level: float = LEVEL
+    def diff(self, name_a: str, a: Sequence[float],
+             other: tuple[str, Sequence[float]] | None = None, level: float = LEVEL
              ) -> tuple[float, float, float]:
-        """Like :func:`bootstrap_median_diff`, from the shared draws."""
-        if not a or (b is not None and not b):
+        """Like :func:`bootstrap_median_diff` of ``a`` and ``other`` (its name and
+        values; None: the median of ``a`` alone), from the shared draws."""
+        if not a or (other is not None and not other[1]):
             raise ValueError("the bootstrap needs values on each side")
-        point = median(a) - (median(b) if b is not None else 0.0)
-        da = self.of(name_a, a)
-        diffs = (sorted(da) if b is None or name_b is None else
-                 sorted(x - y for x, y in zip(da, self.of(name_b, b), strict=True)))
-        tail = (1.0 - level) / 2
-        return point, quantile(diffs, tail), quantile(diffs, 1.0 - tail)
+        ma, da = self.of(name_a, a)
+        if other is None:
+            return (ma, *_percentile_interval(da, level))
+        mb, db = self.of(*other)
+        return (ma - mb, *_percentile_interval(
+            [x - y for x, y in zip(da, db, strict=True)], level))

@@ -512,8 +512,8 @@ def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RES
                             f"every hop; {min_samples} needed")
             out.append(d)
             continue
-        point, lo, hi = draws.diff(f"{a.name}\0{phase}", sa, None if only_a else
-                                   f"{b.name}\0{phase}", None if only_a else sb)
+        point, lo, hi = draws.diff(f"{a.name}\0{phase}", sa,
+                                   None if only_a else (f"{b.name}\0{phase}", sb))
         d.diff_ms, d.ci_low_ms, d.ci_high_ms = point, lo, hi
         if lo <= 0 <= hi:
             d.reason = f"95% CI {_fmt_ci(lo, hi)} includes 0"

@@ -134,12 +134,12 @@ def test_shared_median_draws_do_not_depend_on_comparison_order() -> None:
     b = [rng.gauss(20, 3) for _ in range(50)]
     c = [rng.gauss(25, 3) for _ in range(40)]
     first = MedianDraws(seed=1)
-    ab_first = first.diff("a", a, "b", b)
-    first.diff("a", a, "c", c)
+    ab_first = first.diff("a", a, ("b", b))
+    first.diff("a", a, ("c", c))
     later = MedianDraws(seed=1)
-    later.diff("c", c, "b", b)
-    later.diff("a", a, "c", c)
-    assert later.diff("a", a, "b", b) == ab_first
+    later.diff("c", c, ("b", b))
+    later.diff("a", a, ("c", c))
+    assert later.diff("a", a, ("b", b)) == ab_first
     point, lo, hi = ab_first
     assert lo < point < hi and lo > 5  # the medians differ by about 10
-    assert MedianDraws(seed=2).diff("a", a, "b", b) != ab_first
+    assert MedianDraws(seed=2).diff("a", a, ("b", b)) != ab_first
