@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -91,6 +91,26 @@ _BLOCK_SHIFT = 5
 _BLOCK = 1 << _BLOCK_SHIFT
 _BLOCK_MASK = _BLOCK - 1
 """Parents are scanned in blocks of 32 by start time, each with its latest end."""
+
+
+def _block_ends(ends: Sequence[int]) -> list[int]:
+    """The latest end of each block of :data:`_BLOCK` consecutive parents."""
+    return [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)]
+
+
+def _ending_after(ends: Sequence[int], block_ends: Sequence[int], hi: int, stop: int,
+                  end: int) -> Iterator[int]:
+    """Indices ``k`` from ``hi - 1`` down to ``stop`` whose ``ends[k]`` is at least
+    ``end``, newest first; a whole block of parents that all end too early is skipped
+    at once (the last index of block b is ``b * _BLOCK + _BLOCK - 1``)."""
+    k = hi - 1
+    while k >= stop:
+        if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < end:
+            k -= _BLOCK
+        else:
+            if ends[k] >= end:
+                yield k
+            k -= 1
 MAX_CANDIDATES = 256
 """Candidate parents kept per child and parent group (the latest-starting ones): the
 time to link stays linear in requests whatever the concurrency."""
@@ -857,8 +877,7 @@ class _Linker:
         for g, lst in groups.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
             ends = [n.window_end_ns for n in lst]
-            block_ends = [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)]
-            index[g] = (lst, [n.req.ts_ns for n in lst], ends, block_ends,
+            index[g] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends),
                         max(e - n.req.ts_ns for n, e in zip(lst, ends, strict=True)))
         by_rid: dict[str, list[Node]] = defaultdict(list)
         for n in self.nodes:
@@ -869,8 +888,7 @@ class _Linker:
         for r, lst in by_rid.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
             ends = [n.window_end_ns for n in lst]
-            rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends,
-                            [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)])
+            rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends))
         edges: list[_Edge] = []
         # per child group: the parent groups it may link to, whether the profile declares
         # the pair, and their index (decided once per pair of groups)
@@ -894,19 +912,8 @@ class _Linker:
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
                 kept = 0
-                k = hi - 1
-                stop = max(lo, hi - MAX_SCAN)
-                while k >= stop:
-                    # newest first; a whole block of parents that all end too early is
-                    # skipped at once (the last index of block b is b * _BLOCK + _BLOCK - 1)
-                    if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
-                        k -= _BLOCK
-                        continue
-                    if ends[k] < u_end:
-                        k -= 1
-                        continue
+                for k in _ending_after(ends, block_ends, hi, max(lo, hi - MAX_SCAN), u_end):
                     p = lst[k]
-                    k -= 1
                     if p.conn is uc or p.conn.server == uc.server:
                         continue
                     e = self._edge(p, u, pg, cg, declared, urid)
@@ -921,16 +928,10 @@ class _Linker:
                 # the same id, however far back its request began (the newest MAX_SCAN
                 # that began before it: an id repeated without end costs no more)
                 same, same_starts, same_ends, same_blocks = rid_index[urid]
-                k = bisect_right(same_starts, u_ts) - 1
-                stop = max(0, k + 1 - MAX_SCAN)
-                while k >= stop:
-                    if k & _BLOCK_MASK == _BLOCK_MASK and same_blocks[k >> _BLOCK_SHIFT] < u_end:
-                        k -= _BLOCK
-                        continue
+                top = bisect_right(same_starts, u_ts)
+                for k in _ending_after(same_ends, same_blocks, top, max(0, top - MAX_SCAN),
+                                       u_end):
                     p = same[k]
-                    k -= 1
-                    if same_ends[k + 1] < u_end:
-                        continue
                     pg = self.group[id(p)]
                     ok, declared = self._allowed(pg, cg)
                     if id(p) in seen or not ok or not self._contains(p, u):
@@ -977,19 +978,12 @@ class _Linker:
                 pg, _declared, lst, starts, ends, block_ends, longest = entry
                 lo = bisect_left(starts, u_end - longest)
                 hi = bisect_right(starts, u_ts)
-                k = hi - 1
-                stop = max(lo, hi - MAX_SCAN)
                 found = False
-                while k >= stop:
-                    if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
-                        k -= _BLOCK
-                        continue
-                    if ends[k] >= u_end:
-                        p = lst[k]
-                        if p.conn is not uc and p.conn.server != uc.server:
-                            found = True
-                            break
-                    k -= 1
+                for k in _ending_after(ends, block_ends, hi, max(lo, hi - MAX_SCAN), u_end):
+                    p = lst[k]
+                    if p.conn is not uc and p.conn.server != uc.server:
+                        found = True
+                        break
                 pair = (pg, cg)
                 if found:
                     hits[pair] += 1
