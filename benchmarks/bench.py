@@ -403,15 +403,14 @@ def run_scaling(base_packets: int, factors: list[int], formats: list[str],
                 args: argparse.Namespace, env: dict) -> list[dict]:
     """Time and memory at 1x, 4x, 16x: cost must grow with packets, memory with flows."""
     base = netdiag_base(args.netdiag_cmd)
+    jobs_flag = ["--jobs", "1"] if netdiag_supports_jobs(base, env) else []
     out = []
     for f in factors:
         path = ensure_capture(base_packets * f)
         packets = count_packets(path)
         warm_page_cache(path)
         for fmt in formats:
-            cmd = [*base, "report", str(path), "--format", fmt, "--no-profile"]
-            if netdiag_supports_jobs(base, env):
-                cmd += ["--jobs", "1"]
+            cmd = [*base, "report", str(path), "--format", fmt, "--no-profile", *jobs_flag]
             r = best_of([measure(f"netdiag {fmt} {f}x", cmd, packets, env, args.timeout)
                          for _ in range(args.repeat)])
             out.append({"factor": f, "format": fmt, "packets": packets, "netdiag": r,
