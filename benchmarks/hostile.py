@@ -7,12 +7,17 @@
 
 Each shape of ``hostile_shapes.py`` (issue 11: HTTP/2 with thousands of streams and
 repeated SETTINGS, incomplete IP fragments, pipelined unanswered HTTP/1.1 requests,
-with and without Upgrade, many TCP connections, many servers) is written at each size
-into a temporary directory, then ``netdiag report FILE --format json`` and ``--format
-jsonl`` run on it in a child process each (output to /dev/null). The table gives wall
-seconds per 100k packets for each shape and size, after subtracting the start-up time
-(a report on a one-packet capture, best of three): linear time shows as a flat row,
-and the ``16x/1x`` column is the 16x figure over the 1x one (about 1.0 when linear).
+with and without Upgrade, many TCP connections, many servers; and, for memory,
+out-of-order segments past a hole that is never filled (``ooo``), half-open connections
+carrying data (``halfopen``) and a flood of mostly unanswered DNS queries (``dns``)) is
+written at each size into a temporary directory, then ``netdiag report FILE --format
+json`` and ``--format jsonl`` run on it in a child process each (output to /dev/null),
+in one process (``NETDIAG_JOBS=1`` unless set: the peak RSS the kernel reports for the
+child is then the whole run's). The table gives wall seconds per 100k packets for each
+shape and size, after subtracting the start-up time (a report on a one-packet capture,
+best of three): linear time shows as a flat row, and the ``16x/1x`` column is the 16x
+figure over the 1x one (about 1.0 when linear). The last column, the peak RSS at the
+largest size, is the one to watch for the memory shapes.
 
 ``servers`` runs with ``--format jsonl`` only by default: the JSON document builds the
 paths of every connection (``netdiag/paths``), which is not linear in the number of
@@ -61,6 +66,7 @@ def run_report(cmd: list[str], capture: Path, fmt: str, timeout: float) -> dict[
     """One ``netdiag report`` in a child: wall and CPU seconds, peak RSS, exit code."""
     argv = [*cmd, "report", str(capture), "--format", fmt, "-o", os.devnull]
     env = dict(os.environ)
+    env.setdefault("NETDIAG_JOBS", "1")  # one process: its peak RSS is the whole run's
     if cmd[1:] == ["-m", "netdiag"] and "PYTHONPATH" not in env:
         env["PYTHONPATH"] = str(HERE.parent)  # this checkout
     start = time.perf_counter()

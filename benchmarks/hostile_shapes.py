@@ -14,7 +14,18 @@ Each shape is an Ethernet / IPv4 / microsecond pcap of about ``packets`` packets
 * ``h1``: one HTTP/1.1 connection with pipelined requests that are never answered
   (after a few answered ones); ``h1up``: the same, each request asking for an Upgrade;
 * ``conns``: many short HTTP/1.1 connections (handshake, one exchange, FIN);
-* ``servers``: the same, each to another server address.
+* ``servers``: the same, each to another server address;
+
+and three that stress memory rather than time:
+
+* ``ooo``: hundreds of interleaved HTTP/1.1 connections, each a request line then
+  1400-byte segments past a 1-byte hole that is never filled (out-of-order queues that
+  only grow; about 1.4 KB held per packet, never closed);
+* ``halfopen``: a new connection every three packets (a SYN never answered, a ~1000-byte
+  request and a ~2000-byte server segment, every other connection the server first),
+  never closed, 10 µs apart;
+* ``dns``: a flood of padded UDP DNS queries 10 µs apart, one in ten answered, so the
+  others stay open (all within netdiag's 5 s transaction timeout at 400k packets).
 
 Used by ``benchmarks/hostile.py``; ``python benchmarks/hostile_shapes.py SHAPE N OUT``
 writes one. Nothing is sent anywhere: the 10.0.0.0/8 addresses exist only in the file.
@@ -327,9 +338,92 @@ def write_servers(cap: Pcap, packets: int) -> dict[str, int]:
     return _short_conns(cap, packets, lambda n: ip4(0x800000 + n))
 
 
+# -- memory: out-of-order queues, half-open connections, open DNS transactions -------------
+
+def write_ooo(cap: Pcap, packets: int, *, per_conn: int = 800, batch: int = 4,
+              mss: int = 1400) -> dict[str, int]:
+    """``ooo``: ``max(200, packets // per_conn)`` HTTP/1.1 connections (handshake, then an
+    in-order request line), then segments of ``mss`` bytes that all lie past a 1-byte hole
+    left after the request line, which is never filled; no FIN. The connections take
+    turns, ``batch`` segments each, 10 µs apart, so all are open at once and each holds
+    about ``per_conn`` segments (under netdiag's per-direction limits), the held payload
+    growing with the capture: about ``mss`` bytes per packet."""
+    n_conns = max(200, packets // per_conn)
+    conns: list[Tcp] = []
+    t = 0
+    segments = 0
+    while cap.packets < packets:
+        for i in range(n_conns):
+            if cap.packets >= packets:
+                break
+            if i == len(conns):
+                conn = Tcp(cap, ip4(0x060000 + i), 30000 + i % 30000, ip4(0x010006 + i % 4), 80)
+                t = conn.handshake(t) + 10
+                conn.send(0, t, f"GET /o/{i} HTTP/1.1\r\n".encode())
+                conn.seq[0] += 1  # the hole: one byte never sent
+                conns.append(conn)
+            conn = conns[i]
+            for _ in range(batch):
+                seg = conn.seq[0]
+                line = f"X-Fill-{seg}: ".encode()
+                conn.send(0, t, line + b"f" * (mss - len(line) - 2) + b"\r\n")
+                segments += 1
+                t += 10
+    return {"connections": len(conns), "segments": segments}
+
+
+def write_halfopen(cap: Pcap, packets: int) -> dict[str, int]:
+    """``halfopen``: a connection per three packets, each from its own client address: a
+    SYN (never a SYN-ACK), a ~1000-byte request (``GET /x``, complete) and a ~2000-byte
+    server segment (a response that announces more body than it carries); in every other
+    connection the server's segment comes first. Never closed; packets 10 µs apart."""
+    n = server_first = 0
+    t = 0
+    while cap.packets < packets:
+        conn = Tcp(cap, ip4(0x100000 + n), 20000 + n % 40000, ip4(0x010007 + n % 4), 80)
+        head = f"GET /x HTTP/1.1\r\nHost: halfopen.example\r\nX-Conn: {n}\r\nX-Pad: ".encode()
+        request = head + b"p" * (1000 - len(head) - 4) + b"\r\n\r\n"
+        status = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000\r\n\r\n"
+        response = status + b"b" * (2000 - len(status))
+        conn.segment(0, t, SYN)
+        if n % 2:
+            conn.send(1, t + 10, response)
+            conn.send(0, t + 20, request)
+            server_first += 1
+        else:
+            conn.send(0, t + 10, request)
+            conn.send(1, t + 20, response)
+        n += 1
+        t += 30
+    return {"connections": n, "server_first": server_first}
+
+
+def write_dns(cap: Pcap, packets: int, *, answer_every: int = 10) -> dict[str, int]:
+    """``dns``: A queries for ``q<n>.flood.example`` (distinct ids, names and client ports,
+    with 100 bytes of EDNS padding) to two resolvers, 10 µs apart; one in
+    ``answer_every`` is answered 5 µs later, the others never are."""
+    n = answered = 0
+    t = 0
+    while cap.packets < packets:
+        client = ip4(0x080000 + n % 50000)
+        server = ip4(0x010035 + n % 2)
+        port = 1024 + n % 64000
+        query = _dns_query(n & 0xFFFF, f"q{n}.flood.example", 100)
+        cap.add(t, ipv4(client, server, 17, UDP_HDR.pack(port, 53, 8 + len(query), 0) + query))
+        if n % answer_every == 0:
+            ans = _dns_answer(query)
+            cap.add(t + 5, ipv4(server, client, 17,
+                                UDP_HDR.pack(53, port, 8 + len(ans), 0) + ans))
+            answered += 1
+        n += 1
+        t += 10
+    return {"queries": n, "answered": answered}
+
+
 SHAPES: dict[str, Callable[[Pcap, int], dict[str, int]]] = {
     "h2": write_h2, "frag": write_frag, "h1": write_h1, "h1up": write_h1up,
     "conns": write_conns, "servers": write_servers,
+    "ooo": write_ooo, "halfopen": write_halfopen, "dns": write_dns,
 }
 """Shape name -> writer ``(pcap, packets) -> facts``."""
 

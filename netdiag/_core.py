@@ -33,6 +33,7 @@ from types import ModuleType
 
 COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.records",
+    "netdiag.limits",
     "netdiag.capture.linktypes",
     "netdiag.capture.reader",
     "netdiag.flows.defrag",

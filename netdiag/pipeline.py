@@ -21,6 +21,12 @@ from netdiag.capture.reader import CaptureReader
 from netdiag.errors import InputError
 from netdiag.flows.table import FlowTable
 from netdiag.flows.tcp import TcpFlow
+from netdiag.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_DNS_OPEN,
+    DEFAULT_MAX_HELD_BYTES,
+    Limits,
+)
 from netdiag.protocols.base import StreamAnalyzer
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.protocols.http1 import Http1Analyzer
@@ -69,6 +75,19 @@ class Options:
     gives. 1: this process only; 0: as many as there are cores, 1 for small input."""
     shard: tuple[int, int] | None = None
     """Set by ``netdiag.shard`` for each of its runs: ``(k, n)``, keep shard k of n."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """TCP connections open at once before the least recently active are finished."""
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES
+    """Payload bytes TCP reassembly may hold over all connections."""
+    max_dns_open: int = DEFAULT_MAX_DNS_OPEN
+    """DNS transactions awaiting an answer at once before the oldest are finished."""
+
+    def limits(self) -> Limits:
+        """Fresh caps for one run (a shard's: its share of each, see ``netdiag.shard``)."""
+        n = self.shard[1] if self.shard is not None else 1
+        return Limits(max_connections=max(1, self.max_connections // n),
+                      max_held_bytes=max(1, self.max_held_bytes // n),
+                      max_dns_open=max(1, self.max_dns_open // n))
 
 
 @dataclass
@@ -86,10 +105,12 @@ class CaptureFacts:
     warnings_dropped: int = 0
     secrets: list[tuple[int, bytes]] = field(default_factory=list)
     undecoded: int = 0
+    limits_hit: dict[str, int] = field(default_factory=dict)
+    """Times each cap on the analysis state was reached (``netdiag.limits``)."""
 
     def warn(self, w: Warning_) -> None:
         """Keep a warning, or count it once the list is long enough."""
-        if len(self.warnings) < MAX_WARNINGS or w.kind == "capture":
+        if len(self.warnings) < MAX_WARNINGS or w.kind in ("capture", "limit"):
             self.warnings.append(w)
         else:
             self.warnings_dropped += 1
@@ -104,6 +125,7 @@ class CaptureFacts:
             "warnings": [w.to_json() for w in self.warnings],
             "warnings_dropped": self.warnings_dropped,
             "undecoded_packets": self.undecoded,
+            "limits_hit": dict(sorted(self.limits_hit.items())),
         }
 
 
@@ -142,9 +164,11 @@ class _Run:
         self.client_randoms: set[bytes] = set()
         """ClientHello randoms of every TLS connection (for embedding their keys)."""
         self.summary = SummaryBuilder()
-        self.dns = DnsAnalyzer(self._on_dns)
+        self.limits = options.limits()
+        """Caps over all connections and the hits of every cap (analyzers' included)."""
+        self.dns = DnsAnalyzer(self._on_dns, limits=self.limits)
         self.table = FlowTable(self._decide, self._on_connection, self.dns.on_udp,
-                               options.dns_ports, shard=options.shard)
+                               options.dns_ports, shard=options.shard, limits=self.limits)
         self.table.sweep_hooks.append(self.dns.expire)
 
     def stage(self, name: str) -> None:
@@ -213,6 +237,9 @@ class _Run:
             if protocol is not None:
                 conn.protocol = protocol
             conn.http2 = an.http2
+            hits = an.limits_hit
+            if hits:
+                self.limits.add(hits)
             kind = an.kind
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in an.warnings:
@@ -299,11 +326,20 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
     facts.undecoded = run.table.undecoded
     for msg in run.dns.warnings:
         facts.warn(Warning_("dns", msg))
+    run.limits.add(run.table.defrag.limits_hit)
+    record_limits(facts, run.limits)
     findings = build_findings(run.summary, options.thresholds, facts.truncated)
     if options.progress is not None:
         options.progress(total, total)
     return Result(facts, run.summary, findings, options.thresholds, run.client_randoms,
                   run.keylog), run
+
+
+def record_limits(facts: CaptureFacts, limits: Limits) -> None:
+    """``capture.limits_hit`` from ``limits``, with one warning per cap reached."""
+    facts.limits_hit = dict(sorted(limits.hit.items()))
+    for name, times in facts.limits_hit.items():
+        facts.warn(Warning_("limit", limits.warning_text(name, times)))
 
 
 def export_pcapng(paths: list[str], out_path: str, result: Result) -> tuple[int, int]:

@@ -66,6 +66,7 @@ from netdiag.pipeline import (
     Sink,
     _analyze,
     _Run,
+    record_limits,
 )
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
@@ -92,8 +93,11 @@ Event = tuple[Position, int, Any, Any]
 DNS transaction's the same, a warning's the id of the connection it may be about."""
 
 
-class Sequential(Exception):
-    """Internal: a shard met what only one process can reproduce (module docstring)."""
+class Sequential(BaseException):
+    """Internal: a shard met what only one process can reproduce (module docstring).
+
+    A ``BaseException``, so that the flow layer's guard around an analyzer (which
+    catches ``Exception`` as an analyzer bug) lets it through."""
 
 
 def available_cpus() -> int:
@@ -211,6 +215,13 @@ class ShardRun(_Run):
         hooks = self.table.sweep_hooks
         hooks[hooks.index(self.dns.expire)] = self._expire
         self.table.on_dns_udp = self._on_udp
+        self.limits.on_global_hit = self._global_limit
+
+    @staticmethod
+    def _global_limit(name: str) -> None:
+        """A shard reached its share of a cap over all connections: one process would
+        reach the whole cap, or might; only one process can say what it drops."""
+        raise Sequential(f"limit {name} reached")
 
     def position(self) -> Position:
         """Where the run is, as every shard would say it (module docstring)."""
@@ -271,9 +282,14 @@ class ShardRun(_Run):
 
     def output(self) -> ShardOutput:
         dns = self.dns
+        own = dict(self.limits.hit)
+        fragments = self.table.defrag.limits_hit
+        for name, times in fragments.items():
+            own[name] = own.get(name, 0) - times
         return ShardOutput(self.events, self.udp_warnings, self.udp_suppressed,
                            dns.stats["warnings_suppressed"], self.client_randoms,
-                           self.first_sync, self.expire_heads, self.expired_last)
+                           self.first_sync, self.expire_heads, self.expired_last,
+                           {k: v for k, v in own.items() if v}, dict(fragments))
 
 
 @dataclasses.dataclass
@@ -289,6 +305,10 @@ class ShardOutput:
     first_sync: tuple[Position, int] | None
     expire_heads: dict[int, Any]
     expired_last: dict[int, Any]
+    limits_hit: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Caps reached on this shard's connections."""
+    fragment_hits: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Caps reached by IP reassembly (the same in every shard: it precedes the flow key)."""
 
 
 # -- across processes -------------------------------------------------------------------
@@ -458,6 +478,8 @@ class Merged:
     dns_warnings: list[str]
     """The DNS analyzer's warnings, as one process lists them."""
     client_randoms: set[bytes]
+    limits_hit: dict[str, int]
+    """Caps reached by every shard (IP reassembly's counted once)."""
 
 
 def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Merged | None:
@@ -506,9 +528,12 @@ def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Me
         + udp_total - len(analyzer.warnings))
     analyzer.finish()  # adds the "further DNS warnings" sentence as one process does
     randoms: set[bytes] = set()
+    hits: dict[str, int] = dict(outputs[0].fragment_hits) if outputs else {}
     for o in outputs:
         randoms |= o.client_randoms
-    return Merged(events, ids, analyzer.warnings, randoms)
+        for name, times in o.limits_hit.items():
+            hits[name] = hits.get(name, 0) + times
+    return Merged(events, ids, analyzer.warnings, randoms, hits)
 
 
 def replay(merged: Merged, sink: Sink, options: Options, run0: _Run, res0: Result) -> Result:
@@ -542,6 +567,9 @@ def replay(merged: Merged, sink: Sink, options: Options, run0: _Run, res0: Resul
             facts.warn(w)
     for msg in merged.dns_warnings:
         facts.warn(Warning_("dns", msg))
+    limits = dataclasses.replace(options, shard=None).limits()
+    limits.add(merged.limits_hit)
+    record_limits(facts, limits)
     findings = build_findings(summary, options.thresholds, facts.truncated)
     keylog = run0.keylog
     if options.keylog is not None:

@@ -313,7 +313,7 @@ def _txn(i: int) -> DnsTransaction:
 def _output(events: list[Any], **kw: Any) -> shard.ShardOutput:
     base: dict[str, Any] = {"udp_warnings": [], "udp_suppressed": 0, "dns_suppressed": 0,
                             "client_randoms": set(), "first_sync": None, "expire_heads": {},
-                            "expired_last": {}}
+                            "expired_last": {}, "limits_hit": {}}
     return shard.ShardOutput(events, **{**base, **kw})
 
 

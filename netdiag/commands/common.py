@@ -91,3 +91,40 @@ def resolve_profile(profile_path: str | None, no_profile: bool,
                            "capture (--profile FILE for another, --no-profile for none)",
                            highlight=False)
     return profile
+
+
+def limit_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags that raise the caps on analysis state over all connections
+    (``netdiag.limits``); the command receives them as ``limits``, a dict of
+    ``Options`` fields."""
+    import functools
+
+    import click
+
+    from netdiag.limits import (
+        DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_MAX_DNS_OPEN,
+        DEFAULT_MAX_HELD_BYTES,
+    )
+
+    @click.option("--max-connections", type=click.IntRange(min=1),
+                  default=DEFAULT_MAX_CONNECTIONS, show_default=True,
+                  help="TCP connections open at once; beyond, the least recently active "
+                       "are finished early (close: evicted, capture.limits_hit).")
+    @click.option("--max-held-mib", type=click.IntRange(min=1),
+                  default=DEFAULT_MAX_HELD_BYTES >> 20, show_default=True,
+                  help="MiB of out-of-order and not-yet-analyzed TCP payload held over all "
+                       "connections; beyond, missing bytes are declared lost sooner.")
+    @click.option("--max-dns-pending", type=click.IntRange(min=1),
+                  default=DEFAULT_MAX_DNS_OPEN, show_default=True,
+                  help="DNS transactions awaiting an answer at once; beyond, the least "
+                       "recently active are finished early.")
+    @functools.wraps(f)
+    def wrapper(*args: Any, max_connections: int, max_held_mib: int, max_dns_pending: int,
+                **kwargs: Any) -> Any:
+        kwargs["limits"] = {"max_connections": max_connections,
+                            "max_held_bytes": max_held_mib << 20,
+                            "max_dns_open": max_dns_pending}
+        return f(*args, **kwargs)
+
+    return wrapper

@@ -8,7 +8,7 @@ from typing import IO
 
 import click
 
-from netdiag.commands.common import load_keylogs, resolve_profile
+from netdiag.commands.common import limit_options, load_keylogs, resolve_profile
 from netdiag.textsafe import print_warning
 
 EXIT_TRUNCATED = 3
@@ -42,11 +42,13 @@ EXIT_TRUNCATED = 3
               help="Connection reuse at a hop below this share is a finding.")
 @click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
               help="Also parse this port as DNS (53 always is). Repeatable.")
+@limit_options
 def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
           keylogs: tuple[str, ...],
           fmt: str, output: str | None, show_connections: bool, seed: int,
           resp_slow_ms: float, stall_ms: float, reuse_min: float,
-          dns_ports: tuple[int, ...]) -> None:
+          dns_ports: tuple[int, ...],
+          limits: dict[str, int]) -> None:
     """Per path: the hop chain and latency budget, and where the paths differ."""
     from netdiag import CONTRACT_VERSION, __version__
     from netdiag.analysis.findings import Thresholds
@@ -58,7 +60,7 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
     profile = resolve_profile(profile_path, no_profile, captures)
     thresholds = Thresholds(stall_ms=stall_ms, reuse_min=reuse_min)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=load_keylogs(keylogs))
+                      keylog=load_keylogs(keylogs), **limits)
     sink = CollectingSink()
     result = analyze(list(captures), sink, options)
     doc = sink.document(result)

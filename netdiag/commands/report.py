@@ -8,7 +8,12 @@ from typing import IO, Any
 
 import click
 
-from netdiag.commands.common import keylog_paths, load_keylogs, resolve_profile
+from netdiag.commands.common import (
+    keylog_paths,
+    limit_options,
+    load_keylogs,
+    resolve_profile,
+)
 from netdiag.console import stderr_console
 from netdiag.textsafe import print_warning
 
@@ -67,11 +72,13 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
               help="Processes to analyze in: each reads all the input and keeps its share "
                    "of the flows; the report is the same as with 1. Default (or 0): one per "
                    "core, 1 for input under 64 MiB. The netdiag engine only.")
+@limit_options
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
            progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
-           keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None) -> None:
+           keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None,
+           limits: dict[str, int]) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
     from netdiag.analysis.findings import Thresholds
     from netdiag.pipeline import Options
@@ -86,7 +93,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=keylog,
+                      keylog=keylog, **limits,
                       jobs=resolve_jobs(jobs, list(captures)) if engine == "netdiag" else 1)
     to_file = bool(output) and fmt != "csv"
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 from netdiag.flows.defrag import Defragmenter
 from netdiag.flows.tcp import ACK, SYN, TcpFlow
+from netdiag.limits import LIMIT_CONNECTIONS, Limits
 from netdiag.protocols.base import StreamAnalyzer
 from netdiag.records import Connection, Warning_, endpoint
 
@@ -54,6 +55,10 @@ def _ntop(addr: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET if len(addr) == 4 else socket.AF_INET6, addr)
 
 
+def _last_ns(flow: TcpFlow) -> int:
+    return flow.conn.last_ns
+
+
 def shard_of(key: bytes, rkey: bytes, shards: int) -> int:
     """The shard (0 to ``shards`` - 1) of a TCP or UDP flow, from either direction's key.
 
@@ -68,8 +73,12 @@ class FlowTable:
 
     def __init__(self, decide: Decider, on_connection: ConnectionSink,
                  on_dns_udp: UdpHandler, dns_ports: frozenset[int] = frozenset({53}),
-                 shard: tuple[int, int] | None = None) -> None:
+                 shard: tuple[int, int] | None = None, limits: Limits | None = None) -> None:
         self.decide = decide
+        self.limits = limits if limits is not None else Limits()
+        """Caps over all connections (``max_connections``, held bytes) and their hits."""
+        self.open = 0
+        """Connections in the table now."""
         self.on_connection = on_connection
         self.on_dns_udp = on_dns_udp
         self.dns_ports = dns_ports
@@ -324,7 +333,7 @@ class FlowTable:
         cid = f"C{self.connections}" if self.shard is None else f"#{self.current}"
         conn = Connection(id=cid, ts_ns=ts, client=client, server=server,
                           last_ns=ts)
-        flow = TcpFlow(conn, self.decide)
+        flow = TcpFlow(conn, self.decide, self.limits)
         rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
         d = 0 if sender_is_client else 1
         flow.keys = (key, rkey)
@@ -332,7 +341,20 @@ class FlowTable:
         self.flows[key] = entry
         if rkey != key:  # a connection to itself (same address and port) has one key
             self.flows[rkey] = (flow, 1 - d)
+        self.open += 1
+        if self.open > self.limits.max_connections:
+            self._evict(ts, flow)
         return entry
+
+    def _evict(self, ts: int, keep: TcpFlow) -> None:
+        """Too many connections are open: finish the least recently active eighth of them
+        (``close: evicted``), so that this costs O(log n) per new connection."""
+        flows = [f for key, (f, _d) in self.flows.items() if key == f.keys[0] and f is not keep]
+        flows.sort(key=_last_ns)
+        n = max(1, len(flows) // 8)
+        self.limits.count(LIMIT_CONNECTIONS, n)
+        for flow in flows[:n]:
+            self._finish(flow, ts, "evicted")
 
     # -- expiry -----------------------------------------------------------------------
     def sweep(self, now_ns: int) -> None:
@@ -358,10 +380,14 @@ class FlowTable:
 
     def _finish(self, flow: TcpFlow, ts: int, reason: str) -> None:
         self.finishing = flow
+        removed = False
         for key in flow.keys:
             entry = self.flows.get(key)
             if entry is not None and entry[0] is flow:
                 del self.flows[key]
+                removed = True
+        if removed:
+            self.open -= 1
         flow.finish(ts, reason)
         self.on_connection(flow)
 

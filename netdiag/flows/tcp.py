@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from netdiag.limits import LIMIT_HELD_BYTES, LIMIT_OUT_OF_ORDER, Limits
 from netdiag.protocols.base import StreamAnalyzer
 from netdiag.records import Connection
 
@@ -56,11 +57,14 @@ class TcpFlow:
     """Tracks one connection; ``packet`` is called for each of its segments."""
 
     __slots__ = ("analyzer", "client_isn", "conn", "decide", "decided", "dirs", "failure",
-                 "finished", "keys", "pending", "pending_bytes", "server_isn", "synack_seen")
+                 "finished", "keys", "limits", "pending", "pending_bytes", "server_isn",
+                 "synack_seen")
 
-    def __init__(self, conn: Connection, decide: Decider) -> None:
+    def __init__(self, conn: Connection, decide: Decider, limits: Limits | None = None) -> None:
         self.conn = conn
         self.decide = decide
+        self.limits = limits if limits is not None else Limits()
+        """Caps shared by every connection of the analysis (held bytes) and their hits."""
         self.decided = False
         self.analyzer: StreamAnalyzer | None = None
         self.dirs = (_Direction(), _Direction())
@@ -180,20 +184,30 @@ class TcpFlow:
     def _hold(self, d: int, ts: int, at: int, payload: bytes, pkt: int, st: _Direction) -> None:
         ooo = st.ooo
         n = len(payload)
+        limits = self.limits
         old = ooo.get(at)
         if old is not None:  # seen before: keep it, unless this copy carries more
             self.conn.retransmissions += 1
             if old[2] >= n:
                 return
             st.ooo_bytes -= old[2]
+            if old[1] is not None:
+                limits.held_bytes -= old[2]
             ts, pkt = old[0], old[3]
         elif not ooo:
             st.gap_ns = ts
         keep = payload if (not self.decided or self.analyzer is not None) else None
         ooo[at] = (ts, keep, n, pkt)
         st.ooo_bytes += n
+        if keep is not None:
+            limits.held_bytes += n
         if len(ooo) > MAX_OOO_SEGMENTS or st.ooo_bytes > MAX_OOO_BYTES:
+            limits.count(LIMIT_OUT_OF_ORDER)
             self._skip_gap(d, ts, st)
+        elif limits.held_bytes > limits.max_held_bytes:
+            limits.count(LIMIT_HELD_BYTES)
+            while st.ooo:
+                self._skip_gap(d, ts, st)
 
     def _drain(self, d: int, st: _Direction) -> None:
         ooo = st.ooo
@@ -205,6 +219,8 @@ class TcpFlow:
                 return
             ts, data, n, pkt = ooo.pop(at)
             st.ooo_bytes -= n
+            if data is not None:
+                self.limits.held_bytes -= n
             end = at + n
             if end <= nxt:
                 continue
@@ -251,10 +267,15 @@ class TcpFlow:
     def _pend_server(self, ts: int, data: bytes, pkt: int) -> None:
         pend = self.pending
         n = len(data)
+        limits = self.limits
         if self.pending_bytes + n <= MAX_PENDING_SERVER:
-            self.pending_bytes += n
-            pend.append((1, ts, bytes(data), pkt, 0))
-        elif pend and pend[-1][0] == 1 and pend[-1][4]:  # grow the server gap it ends with
+            if limits.held_bytes + n <= limits.max_held_bytes:
+                self.pending_bytes += n
+                limits.held_bytes += n
+                pend.append((1, ts, bytes(data), pkt, 0))
+                return
+            limits.count(LIMIT_HELD_BYTES)
+        if pend and pend[-1][0] == 1 and pend[-1][4]:  # grow the server gap it ends with
             last = pend[-1]
             pend[-1] = (1, last[1], b"", 0, last[4] + n)
         else:  # over the budget: the analyzer will see these bytes as a gap
@@ -265,6 +286,7 @@ class TcpFlow:
         an = self.analyzer = self.decide(self, first_client_bytes)
         pend = self.pending
         self.pending = []
+        self.limits.held_bytes -= self.pending_bytes
         self.pending_bytes = 0
         if an is not None:
             try:

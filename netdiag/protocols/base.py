@@ -9,7 +9,7 @@ raise for bad bytes (it records a warning instead).
 
 When the connection is finished, the pipeline reads what the analyzer found through
 the same interface (``kind``, ``requests``, ``protocol``, ``http2``,
-``client_random``, ``warnings``), never by asking which class it is.
+``client_random``, ``warnings``, ``limits_hit``), never by asking which class it is.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ class StreamAnalyzer(Protocol):
     @property
     def client_random(self) -> bytes | None:
         """A TLS connection's ClientHello random (to find or embed its keys), else None."""
+        ...
+
+    @property
+    def limits_hit(self) -> dict[str, int]:
+        """Caps this connection's analysis reached, by ``capture.limits_hit`` name (times
+        each was hit); empty when none was."""
         ...
 
 

@@ -41,6 +41,7 @@ import dns.rcode
 import dns.rdata
 import dns.rdatatype
 
+from netdiag.limits import LIMIT_DNS_OPEN, Limits
 from netdiag.protocols.base import AnalyzerKind
 from netdiag.records import DnsTransaction, Request
 
@@ -219,10 +220,12 @@ class DnsAnalyzer:
     """
 
     def __init__(self, emit: Callable[[DnsTransaction], None], *,
-                 timeout_ns: int = 5_000_000_000) -> None:
+                 timeout_ns: int = 5_000_000_000, limits: Limits | None = None) -> None:
         self._emit = emit
         self.timeout_ns = timeout_ns
         """Idle time after which an open transaction is finished."""
+        self.limits = limits if limits is not None else Limits()
+        """Caps (``max_dns_open``: transactions open at once) and their hits."""
         self.warnings: list[str] = []
         """Sentences about UDP messages that could not be read (TCP: per stream)."""
         self.stats: dict[str, int] = dict.fromkeys(
@@ -399,6 +402,9 @@ class DnsAnalyzer:
                              id=msg_id, qname=qname, qtype=_qtype_text(qtype),
                              query_packet=packet)
         opened = self._open[key] = _Open(key, rec, ts_ns, stream)
+        if len(self._open) > self.limits.max_dns_open:
+            self.limits.count(LIMIT_DNS_OPEN)
+            self._finish(next(iter(self._open.values())))
         if self.clock is not None:
             opened.order = self.clock()
         self._by_id.setdefault((client, server, transport, msg_id), []).append(key)
@@ -531,6 +537,11 @@ class DnsTcpStream:
     @property
     def client_random(self) -> None:
         return None
+
+    @property
+    def limits_hit(self) -> dict[str, int]:
+        """Empty: the DNS analyzer counts its own caps (``DnsAnalyzer.limits``)."""
+        return {}
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         """New in-order bytes of ``direction`` (0 client to server, 1 server to client)."""

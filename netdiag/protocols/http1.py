@@ -165,9 +165,8 @@ class Http1Analyzer:
         self._releasing = False
         self._no_hold = False
         """Set at ``close``: an Upgrade/CONNECT request no longer holds what follows."""
-        self.limits_hit: dict[str, int] = {}
-        """Caps reached on this connection, by kind (:data:`LIMIT_PENDING`,
-        :data:`LIMIT_HELD`); empty when none was."""
+        self._limits: dict[str, int] = {}
+        """Caps reached by this analyzer, by kind (:data:`LIMIT_PENDING`, :data:`LIMIT_HELD`)."""
 
     # -- HttpAnalyzer interface --------------------------------------------------------
 
@@ -188,6 +187,17 @@ class Http1Analyzer:
     @property
     def http2(self) -> dict[str, Any] | None:
         return None if self._h2 is None else self._h2.http2
+
+    @property
+    def limits_hit(self) -> dict[str, int]:
+        """Caps reached on this connection, by kind (:data:`LIMIT_PENDING`,
+        :data:`LIMIT_HELD`, and after an h2c upgrade the HTTP/2 ones); empty when none was."""
+        if self._h2 is None or not self._h2.limits_hit:
+            return self._limits
+        merged = dict(self._limits)
+        for k, v in self._h2.limits_hit.items():
+            merged[k] = merged.get(k, 0) + v
+        return merged
 
     @property
     def protocol(self) -> str:
@@ -740,7 +750,7 @@ class Http1Analyzer:
     def _held_overflow(self, cli: _Side) -> None:
         """Over :data:`MAX_HELD` bytes held: they are read as HTTP/1.x (one warning, naming
         the packet whose bytes went over)."""
-        if LIMIT_HELD not in self.limits_hit:
+        if LIMIT_HELD not in self._limits:
             total, packet = 0, 0
             for _ts, data, x in cli.held:
                 if data is not None:
@@ -750,7 +760,7 @@ class Http1Analyzer:
                         break
             self._warn(f"the client sent over {MAX_HELD} bytes after an Upgrade/CONNECT "
                        f"request without an answer; reading them as HTTP/1.x (packet {packet})")
-        self.limits_hit[LIMIT_HELD] = self.limits_hit.get(LIMIT_HELD, 0) + 1
+        self._limits[LIMIT_HELD] = self._limits.get(LIMIT_HELD, 0) + 1
         self._wait_req = None
 
     # -- requests awaiting a response ---------------------------------------------------
@@ -782,12 +792,12 @@ class Http1Analyzer:
             self._wait_req = None
             if self._client.state == _HELD:
                 self._release(self._client)
-        n = self.limits_hit.get(LIMIT_PENDING, 0)
+        n = self._limits.get(LIMIT_PENDING, 0)
         if not n:
             self._warn(f"more than {MAX_PENDING_REQUESTS} requests awaited a response at "
                        f"once; the oldest are no longer followed (their responses, if any, "
                        f"are not matched)")
-        self.limits_hit[LIMIT_PENDING] = n + 1
+        self._limits[LIMIT_PENDING] = n + 1
 
     def _start_h2(self, upgrade: Request | None, what: str) -> bool:
         try:

@@ -265,6 +265,11 @@ class RespAnalyzer:
         """None: the TLS layer, if any, is not this analyzer's."""
         return None
 
+    @property
+    def limits_hit(self) -> dict[str, int]:
+        """Empty: RESP parsing is bounded per line and argument, without dropping state."""
+        return {}
+
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         if not data or self._closed:
             return

@@ -267,6 +267,11 @@ class TlsAnalyzer:
         """The first ClientHello's random (the key log's index), once seen."""
         return self.info.client_random
 
+    @property
+    def limits_hit(self) -> dict[str, int]:
+        """None of the interface's caps applies to the record walk: always empty."""
+        return {}
+
     # -- what a record sink reads -----------------------------------------------------
 
     @property

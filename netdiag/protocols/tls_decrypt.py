@@ -173,6 +173,12 @@ class DecryptingTlsAnalyzer:
         return self.tls.client_random
 
     @property
+    def limits_hit(self) -> dict[str, int]:
+        """Caps the decrypted data's analyzer reached (empty before it is chosen)."""
+        app = self.app
+        return app.limits_hit if app is not None else {}
+
+    @property
     def info(self) -> TlsInfo:
         """Handshake facts, keyless and decrypted."""
         return self.tls.info

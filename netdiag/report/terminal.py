@@ -53,7 +53,11 @@ def _header(result: Result) -> Panel:
         first = next((w for w in cap.warnings if w.kind == "capture"), None)
         text.append(safe_text(first.message, WARNING_LIMIT) if first
                     else "the capture is damaged", style="red")
-    other = len(cap.warnings) + cap.warnings_dropped
+    limits = [w for w in cap.warnings if w.kind == "limit"]
+    for w in limits:
+        text.append("\nLIMIT: ", style="bold yellow")
+        text.append(safe_text(w.message.removeprefix("limit "), WARNING_LIMIT), style="yellow")
+    other = len(cap.warnings) + cap.warnings_dropped - len(limits)
     if other:
         text.append(f"\n{other} warning(s); see --format json for details", style="dim")
     return Panel(text, title="netdiag report", box=box.ROUNDED, expand=False)

@@ -282,6 +282,7 @@ class _Duck:
         self.protocol: str | None = "something/2"
         self.http2: dict[str, Any] | None = {"max_concurrent_streams": 3}
         self.warnings = ["odd bytes"]
+        self.limits_hit = {"http2_open_streams": 2}
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         pass
@@ -305,6 +306,7 @@ def test_pipeline_fills_a_connection_from_the_interface_alone() -> None:
     assert conn.protocol == "something/2"
     assert conn.http2 == {"max_concurrent_streams": 3}
     assert run.client_randoms == {b"\x07" * 32}
+    assert run.limits.hit == {"http2_open_streams": 2}
     assert [(w.kind, w.message) for w in run.facts.warnings] == [
         ("resp", "C1 10.0.0.1:40000 -> 10.0.0.2:443: odd bytes")]
     # protocol None keeps what the decision said
