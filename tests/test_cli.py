@@ -126,6 +126,22 @@ def test_not_a_capture_exit_1(tmp_path: Path) -> None:
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("command", ["report", "paths"])
+def test_help_lists_the_exit_codes(command: str) -> None:
+    p = run(command, "--help")
+    assert p.returncode == 0
+    text = " ".join(p.stdout.split())
+    for code in ("0 every capture read", "1 input error", "2 usage error",
+                 "3 a capture is damaged", "4 internal error", "130 interrupted"):
+        assert code in text, (command, code)
+
+
+def test_terminal_header_says_what_the_link_type_is() -> None:
+    p = run("report", str(ANTHO), "--no-profile")
+    assert p.returncode == 0, p.stderr
+    assert "EN10MB (Ethernet)" in p.stdout
+
+
 def test_usage_error_exit_2() -> None:
     p = run("report", str(ANTHO), "--format", "yaml")
     assert p.returncode == 2

@@ -49,7 +49,12 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
           resp_slow_ms: float, stall_ms: float, reuse_min: float,
           dns_ports: tuple[int, ...],
           limits: dict[str, int]) -> None:
-    """Per path: the hop chain and latency budget, and where the paths differ."""
+    """Per path: the hop chain and latency budget, and where the paths differ.
+
+    Exit status: 0 every capture read to its end; 1 input error; 2 usage error; 3 a
+    capture is damaged or truncated (everything before the damage is analysed); 4
+    internal error (a bug: NETDIAG_DEBUG=1 prints the traceback); 130 interrupted.
+    """
     from netdiag import CONTRACT_VERSION, __version__
     from netdiag.analysis.findings import Thresholds
     from netdiag.paths.apply import analyze_paths

@@ -79,7 +79,18 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
            progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
            keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None,
            limits: dict[str, int]) -> None:
-    """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files."""
+    """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files.
+
+    Several files are merged by time into one analysis. Figures and fields are those of
+    docs/report.md; terms used in the terminal report: "link EN10MB" is the capture's
+    link type (Ethernet), "h2c" HTTP/2 in the clear, and path names marked "inferred"
+    come from the capture itself, not from a profile.
+
+    Exit status: 0 every capture read to its end; 1 input error (a file missing or
+    not a capture, a bad profile or key log); 2 usage error; 3 a capture is damaged
+    or truncated (everything before the damage is reported); 4 internal error (a bug:
+    NETDIAG_DEBUG=1 prints the traceback); 130 interrupted.
+    """
     from netdiag.analysis.findings import Thresholds
     from netdiag.pipeline import Options
     from netdiag.shard import resolve_jobs

@@ -30,6 +30,14 @@ FINDING_LIMIT = SENTENCE_LIMIT
 _ms = ms_text
 
 
+LINK_MEANINGS = {
+    "EN10MB": "Ethernet", "LINUX_SLL": "Linux cooked", "LINUX_SLL2": "Linux cooked v2",
+    "RAW": "raw IP", "IPV4": "raw IPv4", "IPV6": "raw IPv6", "NULL": "loopback",
+    "LOOP": "loopback",
+}
+"""Plain words for the libpcap link-type names the header shows."""
+
+
 def _pct_row(table: Table, name: str, block: dict[str, Any]) -> None:
     if not block["count"]:
         table.add_row(name, "0", "-", "-", "-", "-")
@@ -47,7 +55,9 @@ def _header(result: Result) -> Panel:
     if dur is not None:
         text.append(f", {_ms(dur / 1e6)} of traffic")
     if cap.link_types:
-        text.append(f", link {safe_text('/'.join(cap.link_types))}")
+        names = [f"{n} ({LINK_MEANINGS[n]})" if n in LINK_MEANINGS else n
+                 for n in cap.link_types]
+        text.append(f", link {safe_text('/'.join(names))}")
     if cap.truncated:
         text.append("\nTRUNCATED: ", style="bold red")
         first = next((w for w in cap.warnings if w.kind == "capture"), None)
