@@ -62,8 +62,7 @@ from typing import Any, Protocol
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
 from netdiag.protocols.tls_names import (
-    alert_description,
-    alert_level_name,
+    alert_text,
     cipher_name,
     is_tls13,
     record_overhead,
@@ -585,8 +584,9 @@ class TlsAnalyzer:
             return
         name = _SIDES[direction]
         if len(body) == 2 or (not side.encrypted and len(body) >= 2):
-            self.info.alert = (f"{alert_level_name(body[0])} {alert_description(body[1])} "
-                               f"from {name}")
+            self.info.alert, problem = alert_text(body[0], body[1], name)
+            if problem is not None:
+                self.warn(problem)
         elif body:
             self.info.alert = f"encrypted from {name}"
 

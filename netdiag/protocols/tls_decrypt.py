@@ -41,7 +41,7 @@ from netdiag.protocols.tls import (
     TlsAnalyzer,
 )
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS
-from netdiag.protocols.tls_names import alert_description, alert_level_name
+from netdiag.protocols.tls_names import alert_text
 from netdiag.records import Request, TlsInfo
 from netdiag.tls.decrypt import DecryptError, TlsDecryptor
 from netdiag.tls.keylog import KeyLog
@@ -233,8 +233,9 @@ class DecryptingTlsAnalyzer:
             if plain[0] == 2 and not self._finished[direction] and info.resumed is not None:
                 # A fatal alert where this side's Finished belonged: no handshake ended.
                 info.finished_ns = info.finished_packet = None
-            info.alert = (f"{alert_level_name(plain[0])} "
-                          f"{alert_description(plain[1])} from {_SIDES[direction]}")
+            info.alert, problem = alert_text(plain[0], plain[1], _SIDES[direction])
+            if problem is not None:
+                self.tls.warn(problem)
 
     # -- set-up -------------------------------------------------------------------------
     def _start(self) -> None:

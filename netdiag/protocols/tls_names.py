@@ -418,6 +418,17 @@ def alert_level_name(level: int) -> str:
     return name if name is not None else f"level_{level}"
 
 
+def alert_text(level: int, code: int, sender: str) -> tuple[str, str | None]:
+    """``Connection.tls.alert`` for an alert record's two bytes, and a warning when its
+    level is neither warning (1) nor fatal (2): such a record is malformed (tshark flags
+    it too), so its description is not trusted to say why the connection ended."""
+    if level in ALERT_LEVELS:
+        return f"{alert_level_name(level)} {alert_description(code)} from {sender}", None
+    return (f"invalid alert (level {level}, description {code}) from {sender}",
+            f"tls: alert record from the {sender} with level {level}, neither warning (1) "
+            f"nor fatal (2): malformed")
+
+
 def alert_description(code: int) -> str:
     """RFC name of alert description ``code``, or ``unknown_N``."""
     name = ALERT_DESCRIPTIONS.get(code)

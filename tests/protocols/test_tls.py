@@ -435,11 +435,22 @@ def test_encrypted_alert_and_first_alert_wins() -> None:
     assert f.an.info.alert == "encrypted from client"
 
 
-def test_unknown_alert_codes() -> None:
+def test_unknown_alert_description_is_kept_by_its_number() -> None:
     f = Feeder()
     f.send(0, record(22, client_hello()))
-    f.send(1, record(21, b"\x07\xee"))
-    assert f.an.info.alert == "level_7 unknown_238 from server"
+    f.send(1, record(21, b"\x01\xee"))
+    assert f.an.info.alert == "warning unknown_238 from server"
+    assert f.an.warnings == []
+
+
+@pytest.mark.parametrize("level", [0, 3, 7, 255])
+def test_alert_level_neither_warning_nor_fatal_is_flagged(level: int) -> None:
+    f = Feeder()
+    f.send(0, record(22, client_hello()))
+    f.send(1, record(21, bytes([level, 0x28])))
+    assert f.an.info.alert == f"invalid alert (level {level}, description 40) from server"
+    assert len(f.an.warnings) == 1 and f"level {level}" in f.an.warnings[0]
+    assert "malformed" in f.an.warnings[0]
 
 
 def test_garbage_client_stream_warns() -> None:
