@@ -18,10 +18,6 @@ shape and size, after subtracting the start-up time (a report on a one-packet ca
 best of three): linear time shows as a flat row, and the ``16x/1x`` column is the 16x
 figure over the 1x one (about 1.0 when linear). The last column, the peak RSS at the
 largest size, is the one to watch for the memory shapes.
-
-``servers`` runs with ``--format jsonl`` only by default: the JSON document builds the
-paths of every connection (``netdiag/paths``), which is not linear in the number of
-servers (``--servers-json`` runs it anyway).
 """
 
 from __future__ import annotations
@@ -115,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=",".join(hostile_shapes.SHAPES),
                     help="comma-separated, of: " + ", ".join(hostile_shapes.SHAPES))
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--servers-json", action="store_true",
-                    help="also run the servers shape with --format json (slow: paths)")
     ap.add_argument("--netdiag-cmd", help="command that starts netdiag (default: see source)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per report run")
     ap.add_argument("--keep", metavar="DIR", help="write the captures here and keep them")
@@ -149,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
                                        "facts": facts, "gen_s": gen_s,
                                        "bytes": path.stat().st_size}
                 for fmt in formats:
-                    if shape == "servers" and fmt == "json" and not args.servers_json:
-                        continue
                     r = run_report(cmd, path, fmt, args.timeout)
                     r["s_per_100k"] = max(r["wall_s"] - startup[fmt], 0.0) * 100_000 / packets
                     row[fmt] = r

@@ -893,11 +893,9 @@ class _Linker:
         # per child group: the parent groups it may link to, whether the profile declares
         # the pair, and their index (decided once per pair of groups)
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-        for u in self.nodes:
-            cg = self.group[id(u)]
-            if cg not in parents_of:
-                parents_of[cg] = [(pg, declared, *entry) for pg, entry in index.items()
-                                  for ok, declared in (self._allowed(pg, cg),) if ok]
+        for cg, pgs in self._overlapping_groups(index).items():
+            parents_of[cg] = [(pg, declared, *index[pg]) for pg in pgs
+                              for ok, declared in (self._allowed(pg, cg),) if ok]
         hopeless = self._hopeless_pairs(parents_of)
         live_parents = {cg: [e for e in parents if (e[0], cg) not in hopeless]
                         for cg, parents in parents_of.items()}
@@ -940,6 +938,38 @@ class _Linker:
                     if e is not None:
                         edges.append(e)
         return edges
+
+    def _overlapping_groups(self, index: Mapping[tuple[Any, ...], tuple[Any, ...]]
+                            ) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
+        """Per child group (in the order of the nodes), the parent groups of ``index``
+        (in its order) that could hold one of its requests: one starts before the child
+        group's last request and one ends after its first request's end. Found through
+        the groups sorted by first start (and the block scan of :func:`_ending_after`),
+        not by trying every pair of groups: with a group per server, most pairs never
+        overlap in time."""
+        order = sorted(index, key=lambda g: index[g][1][0])
+        starts = [index[g][1][0] for g in order]
+        ends = [max(index[g][2]) for g in order]
+        blocks = _block_ends(ends)
+        place = {g: i for i, g in enumerate(index)}
+        spans: dict[tuple[Any, ...], list[int]] = {}
+        for u in self.nodes:
+            cg = self.group[id(u)]
+            span = spans.get(cg)
+            if span is None:
+                spans[cg] = [u.req.ts_ns, u.end_ns]
+            else:
+                if u.req.ts_ns > span[0]:
+                    span[0] = u.req.ts_ns
+                if u.end_ns < span[1]:
+                    span[1] = u.end_ns
+        found: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        for cg, (last_start, first_end) in spans.items():
+            hi = bisect_right(starts, last_start)
+            pgs = [order[k] for k in _ending_after(ends, blocks, hi, 0, first_end)]
+            pgs.sort(key=place.__getitem__)
+            found[cg] = pgs
+        return found
 
     def _hopeless_pairs(self, parents_of: Mapping[tuple[Any, ...], list[tuple[Any, ...]]]
                         ) -> set[tuple[Any, Any]]:

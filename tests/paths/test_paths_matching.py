@@ -154,3 +154,66 @@ def test_pairs_decided_hopeless_change_no_link(monkeypatch: pytest.MonkeyPatch,
     conns_again, _ = simulate(SimParams(requests=200, concurrency=concurrency, source=source,
                                         upstream="http1", direct=120, seed=concurrency + 7))
     assert _links(attribute(conns_again, prof)) == pruned
+
+
+def _one_request_per_server(n: int) -> list:  # type: ignore[type-arg]
+    """``n`` short connections one after the other, each to its own server."""
+    from netdiag.records import Connection, Request
+
+    conns = []
+    for i in range(n):
+        t = 1_700_000_000_000_000_000 + i * 5_000_000
+        c = Connection(id=f"C{i + 1}", ts_ns=t, client=f"10.2.{i >> 8 & 255}.{i & 255}:40000",
+                       server=f"10.3.{i >> 8 & 255}.{i & 255}:80", last_ns=t + 3_000_000,
+                       protocol="http/1.1", close="fin")
+        c.requests = [Request(ts_ns=t + 1_000_000, method="GET", path=f"/{i}",
+                              estimated=False, protocol="http/1.1",
+                              first_byte_ns=t + 2_000_000, last_byte_ns=t + 2_500_000,
+                              status=200)]
+        conns.append(c)
+    return conns
+
+
+def test_pairs_of_groups_that_never_overlap_are_not_tried(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A group per server, none overlapping in time: the pairs of groups tried grow
+    with the groups, not with their square (60 servers once took 143 s)."""
+    from netdiag.paths import chains as chains_mod
+
+    calls = {"n": 0}
+    real = chains_mod._Linker._allowed
+
+    def counting(self, pg, cg):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        return real(self, pg, cg)
+
+    monkeypatch.setattr(chains_mod._Linker, "_allowed", counting)
+    tried = []
+    for n in (200, 800):
+        calls["n"] = 0
+        attribute(_one_request_per_server(n), None)
+        tried.append(calls["n"])
+    assert tried[1] <= 5 * tried[0] + 100, tried
+
+
+@pytest.mark.parametrize(("concurrency", "source"), [(16, "loopback"), (64, "own")])
+def test_overlap_prefilter_changes_no_link(monkeypatch: pytest.MonkeyPatch,
+                                           concurrency: int, source: str) -> None:
+    """Trying only the parent groups whose time span can hold a child's request gives
+    exactly the chains of trying every pair."""
+    from netdiag.paths import chains as chains_mod
+
+    params = SimParams(requests=200, concurrency=concurrency, source=source,
+                       upstream="http1", direct=120, seed=concurrency + 3)
+    conns, _ = simulate(params)
+    filtered = _links(attribute(conns, None))
+
+    def every_pair(self, index):  # type: ignore[no-untyped-def]
+        out = {}
+        for u in self.nodes:
+            out.setdefault(self.group[id(u)], list(index))
+        return out
+
+    monkeypatch.setattr(chains_mod._Linker, "_overlapping_groups", every_pair)
+    conns_again, _ = simulate(params)
+    assert _links(attribute(conns_again, None)) == filtered
