@@ -37,6 +37,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.capture.linktypes",
     "netdiag.capture.reader",
     "netdiag.flows.defrag",
+    "netdiag.flows.dns_shape",
     "netdiag.flows.tcp",
     "netdiag.flows.table",
     "netdiag.protocols.dns",

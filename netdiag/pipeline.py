@@ -64,6 +64,9 @@ class Options:
     """Finding thresholds."""
     dns_ports: frozenset[int] = frozenset({53})
     """Ports whose UDP and TCP traffic is parsed as DNS."""
+    dns_heuristic: bool = True
+    """Also parse UDP on other ports as DNS where it looks like DNS
+    (``netdiag.flows.dns_shape``)."""
     progress: Callable[[int, int], None] | None = None
     """Called now and then with (bytes done, bytes total) over all files."""
     keylog: KeyLog | None = None
@@ -107,6 +110,8 @@ class CaptureFacts:
     undecoded: int = 0
     limits_hit: dict[str, int] = field(default_factory=dict)
     """Times each cap on the analysis state was reached (``netdiag.limits``)."""
+    dns_ports_found: list[int] = field(default_factory=list)
+    """UDP ports other than the DNS ports given where DNS was found by its shape."""
 
     def warn(self, w: Warning_) -> None:
         """Keep a warning, or count it once the list is long enough."""
@@ -168,7 +173,8 @@ class _Run:
         """Caps over all connections and the hits of every cap (analyzers' included)."""
         self.dns = DnsAnalyzer(self._on_dns, limits=self.limits)
         self.table = FlowTable(self._decide, self._on_connection, self.dns.on_udp,
-                               options.dns_ports, shard=options.shard, limits=self.limits)
+                               options.dns_ports, shard=options.shard, limits=self.limits,
+                               dns_heuristic=options.dns_heuristic)
         self.table.sweep_hooks.append(self.dns.expire)
 
     def stage(self, name: str) -> None:
@@ -324,6 +330,8 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
     facts.first_ns = run.table.first_ns
     facts.last_ns = run.table.last_ns
     facts.undecoded = run.table.undecoded
+    facts.dns_ports_found = sorted({int.from_bytes(e[-2:], "big")
+                                    for e in run.table.dns_servers} - options.dns_ports)
     for msg in run.dns.warnings:
         facts.warn(Warning_("dns", msg))
     run.limits.add(run.table.defrag.limits_hit)

@@ -57,6 +57,10 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
                    "finding.")
 @click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
               help="Also parse this port as DNS (53 always is). Repeatable.")
+@click.option("--dns-heuristic/--no-dns-heuristic", default=True, show_default=True,
+              help="Also parse UDP on other ports as DNS where it has DNS's shape (valid "
+                   "header, one question that parses; unicast only), as tshark's heuristic "
+                   "does; --dns-port forces a port.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @click.option("--keylog", "keylogs", multiple=True, type=click.Path(dir_okay=False),
@@ -78,6 +82,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
            progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
            keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None,
+           dns_heuristic: bool,
            limits: dict[str, int]) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files.
 
@@ -104,7 +109,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
-                      keylog=keylog, **limits,
+                      keylog=keylog, dns_heuristic=dns_heuristic, **limits,
                       jobs=resolve_jobs(jobs, list(captures)) if engine == "netdiag" else 1)
     to_file = bool(output) and fmt != "csv"
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Iterable
 
 from netdiag.flows.defrag import Defragmenter
+from netdiag.flows.dns_shape import looks_like_dns
 from netdiag.flows.tcp import ACK, SYN, TcpFlow
 from netdiag.limits import LIMIT_CONNECTIONS, Limits
 from netdiag.protocols.base import StreamAnalyzer
@@ -37,6 +38,11 @@ WELL_KNOWN_SERVER_PORTS = frozenset({
     6379, 8000, 8008, 8080, 8443, 8888, 9000, 9090, 9200, 9443, 11211, 27017,
 })
 """Ports taken as the server side when a connection's SYN was not captured."""
+MAX_DNS_SERVERS = 4096
+"""End points found to serve DNS on other ports (:mod:`netdiag.flows.dns_shape`) kept;
+beyond, a new one is parsed packet by packet (each payload must pass on its own)."""
+NOT_DNS_PORTS = frozenset({137, 138})
+"""UDP ports whose traffic looks like DNS but is not (NetBIOS name and datagram)."""
 FOREIGN_CACHE_MAX = 1 << 17
 """Flow keys of other shards remembered (then forgotten at the next sweep) so that their
 packets skip the shard hash."""
@@ -73,8 +79,13 @@ class FlowTable:
 
     def __init__(self, decide: Decider, on_connection: ConnectionSink,
                  on_dns_udp: UdpHandler, dns_ports: frozenset[int] = frozenset({53}),
-                 shard: tuple[int, int] | None = None, limits: Limits | None = None) -> None:
+                 shard: tuple[int, int] | None = None, limits: Limits | None = None,
+                 dns_heuristic: bool = True) -> None:
         self.decide = decide
+        self.dns_heuristic = dns_heuristic
+        """Parse UDP on other ports as DNS where it looks like DNS (unicast only)."""
+        self.dns_servers: set[bytes] = set()
+        """End points (address and port bytes) found by the heuristic to serve DNS."""
         self.limits = limits if limits is not None else Limits()
         """Caps over all connections (``max_connections``, held bytes) and their hits."""
         self.open = 0
@@ -292,7 +303,9 @@ class FlowTable:
         sport = (data[l4] << 8) | data[l4 + 1]
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         ports = self.dns_ports
-        if sport in ports or dport in ports:
+        if sport in ports or dport in ports or (
+                self.dns_heuristic and self._dns_elsewhere(data, addr, alen, l4, end,
+                                                           sport, dport)):
             shard = self.shard
             if shard is not None:
                 key = addr + data[l4:l4 + 4]
@@ -303,6 +316,30 @@ class FlowTable:
             src = endpoint(_ntop(addr[:alen]), sport)
             dst = endpoint(_ntop(addr[alen:]), dport)
             self.on_dns_udp(ts, src, dst, bytes(data[l4 + 8:end]), pkt)
+
+    def _dns_elsewhere(self, data: bytes, addr: bytes, alen: int, l4: int, end: int,
+                       sport: int, dport: int) -> bool:
+        """True for UDP on ports not given as DNS that is DNS: to or from an end point
+        already found serving it, or shaped as DNS (``dns_shape``) and sent to a
+        unicast address, which then becomes such an end point."""
+        servers = self.dns_servers
+        if servers and (addr[:alen] + data[l4:l4 + 2] in servers
+                        or addr[alen:] + data[l4 + 2:l4 + 4] in servers):
+            return True
+        if sport in NOT_DNS_PORTS or dport in NOT_DNS_PORTS or end - l4 < 25:
+            return False
+        first = addr[alen]
+        if (first >= 224 if alen == 4 else first == 0xFF):  # multicast, broadcast
+            return False
+        payload = data[l4 + 8:end]
+        if not looks_like_dns(payload):
+            return False
+        if len(servers) < MAX_DNS_SERVERS:
+            if payload[2] & 0x80:  # a response: its sender serves DNS
+                servers.add(addr[:alen] + data[l4:l4 + 2])
+            else:
+                servers.add(addr[alen:] + data[l4 + 2:l4 + 4])
+        return True
 
     @staticmethod
     def _new_syn(entry: tuple[TcpFlow, int], seq: int) -> bool:

@@ -87,26 +87,38 @@ PHASE_ROWS = (("dns", "DNS lookup"), ("tcp", "TCP handshake"), ("tls", "TLS hand
 
 
 def budget_table(budgets: Sequence[PathBudget]) -> Any:
-    """Phases down, paths across: ``median / p99 (samples)`` in milliseconds."""
-    from rich.table import Table
-    from rich.text import Text
+    """Phases down, paths across: ``median / p99 (samples)`` in milliseconds.
 
-    t = Table(title="Latency budget (ms): median / p99 (samples) per path",
-              title_justify="left", header_style="bold")
-    t.add_column("phase")
-    for b in budgets:
-        t.add_column(safe_cell(b.name), justify="right")
+    A renderable that lays itself out for the terminal's width: the paths are split
+    over as many tables as it takes for every figure to fit whole (a path name wraps at
+    its spaces, a number never)."""
+    return _BudgetTables(list(budgets))
+
+
+PHASE_WIDTH = 24
+"""Widest the phase column grows (longer phase names wrap)."""
+
+
+class _BudgetTables:
+    def __init__(self, budgets: list[PathBudget]) -> None:
+        self.budgets = budgets
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield from _budget_tables(self.budgets, options.max_width)
+
+
+def _budget_rows(budgets: Sequence[PathBudget]) -> list[tuple[str, str | None,
+                                                              list[tuple[str, str] | None]]]:
+    """(label, style, per budget (figures, samples) or None) for every row."""
+    rows: list[tuple[str, str | None, list[tuple[str, str] | None]]] = []
 
     def row(label: str, get: Any, style: str | None = None) -> None:
-        cells: list[Any] = [safe_cell(label)]
+        cells: list[tuple[str, str] | None] = []
         for b in budgets:
             vals = get(b)
-            if not vals:
-                cells.append(Text("–", style="dim"))
-            else:
-                cells.append(Text.assemble(f"{_fmt(vals, 0.5)} / {_fmt(vals, 0.99)} ",
-                                           (f"({len(vals)})", "dim")))
-        t.add_row(*cells, style=style)
+            cells.append((f"{_fmt(vals, 0.5)} / {_fmt(vals, 0.99)} ", f"({len(vals)})")
+                         if vals else None)
+        rows.append((label, style, cells))
 
     for key, label in PHASE_ROWS:
         row(label, lambda b, k=key: b.samples(k))
@@ -130,7 +142,50 @@ def budget_table(budgets: Sequence[PathBudget]) -> Any:
     row("transfer (first to last byte)", lambda b: b.transfer)
     row("time to first byte", lambda b: b.ttfb, style="bold")
     row("time to last byte", lambda b: b.ttlb)
-    return t
+    return rows
+
+
+def _budget_tables(budgets: Sequence[PathBudget], width: int) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = [(safe_cell(label), style, cells) for label, style, cells in _budget_rows(budgets)]
+    headers = [safe_cell(b.name) for b in budgets]
+    col_w = []
+    for i, name in enumerate(headers):
+        cells = [len(c[0]) + len(c[1]) for _l, _s, cs in rows if (c := cs[i]) is not None]
+        col_w.append(max([1, *cells, *(len(w) for w in name.split())]))
+    # the phase names whole when every path still fits beside them, else wrapped
+    phase_w = max(len(r[0]) for r in rows)
+    if 1 + phase_w + 3 + sum(w + 3 for w in col_w) > width:
+        phase_w = min(PHASE_WIDTH, phase_w)
+    chunks: list[list[int]] = []
+    used = 1 + phase_w + 3  # left edge, phase column with its padding and rule
+    for i, w in enumerate(col_w):
+        if chunks and used + w + 3 <= width:
+            chunks[-1].append(i)
+            used += w + 3
+        else:
+            chunks.append([i])
+            used = 1 + phase_w + 3 + w + 3
+    tables = []
+    for n, chunk in enumerate(chunks):
+        title = "Latency budget (ms): median / p99 (samples) per path"
+        if len(chunks) > 1:
+            title += f" ({n + 1} of {len(chunks)})"
+        t = Table(title=title, title_justify="left", header_style="bold")
+        t.add_column("phase", min_width=min(phase_w, 14), max_width=phase_w)
+        for i in chunk:
+            t.add_column(headers[i], justify="right", min_width=col_w[i], no_wrap=True)
+        for label, style, cells in rows:
+            out: list[Any] = [label]
+            for i in chunk:
+                c = cells[i]
+                out.append(Text("–", style="dim") if c is None
+                           else Text.assemble(c[0], (c[1], "dim")))
+            t.add_row(*out, style=style)
+        tables.append(t)
+    return tables
 
 
 SHOWN_IN_DIFFERENCES = frozenset({"path-difference"})

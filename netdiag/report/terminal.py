@@ -140,23 +140,48 @@ def _num(v: float | None) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
 
 
-def _slowest(result: Result, n: int = 5) -> Table | None:
+SLOWEST_DROP_ORDER = ("SNI", "proto", "retr", "TCP", "server")
+"""Columns of the slowest-connections table given up, in this order, when the table
+would be wider than the terminal: numbers and headers are never cut."""
+
+
+def _slowest(result: Result, n: int = 5, width: int = 80) -> Table | None:
     rows = result.summary.slowest_connections.payloads()[:n]
     if not rows:
         return None
+    cols: dict[str, list[str]] = {
+        "id": [safe_cell(r["id"]) for r in rows],
+        "server": [safe_cell(r["server"]) for r in rows],
+        "SNI": [safe_cell(r["sni"] or "-") for r in rows],
+        "proto": [safe_cell(r["protocol"] or "-") for r in rows],
+        "TCP": [_num(r["rtt_ms"]) for r in rows],
+        "TLS": [_num(r["tls_ms"]) for r in rows],
+        "TTFB": [_num(r["ttfb_ms"]) + ("~" if r["estimated"] and r["ttfb_ms"] is not None
+                                       else "") for r in rows],
+        "reqs": [str(r["requests"]) for r in rows],
+        "retr": [str(r["retransmissions"]) for r in rows],
+    }
+    sni_max = 24
+
+    def need(name: str) -> int:
+        w = max(len(name), *(len(v) for v in cols[name]))
+        return min(w, sni_max) if name == "SNI" else w
+
+    shown = list(cols)
+    for victim in SLOWEST_DROP_ORDER:
+        if sum(need(c) for c in shown) + len(shown) - 1 <= width:
+            break
+        shown.remove(victim)
     t = Table(title="Slowest connections (ms)", box=box.SIMPLE, title_justify="left",
-              padding=(0, 1), pad_edge=False)
-    t.add_column("id", no_wrap=True)
-    t.add_column("server", no_wrap=True)
-    t.add_column("SNI", overflow="ellipsis", no_wrap=True, max_width=24)
-    t.add_column("proto", no_wrap=True)
-    for col in ("TCP", "TLS", "TTFB", "reqs", "retr"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for r in rows:
-        ttfb = _num(r["ttfb_ms"]) + ("~" if r["estimated"] and r["ttfb_ms"] is not None else "")
-        t.add_row(safe_cell(r["id"]), safe_cell(r["server"]), safe_cell(r["sni"] or "-"),
-                  safe_cell(r["protocol"] or "-"), _num(r["rtt_ms"]), _num(r["tls_ms"]),
-                  ttfb, str(r["requests"]), str(r["retransmissions"]))
+              padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for c in shown:
+        if c == "SNI":
+            t.add_column(c, overflow="ellipsis", no_wrap=True, max_width=sni_max)
+        else:
+            t.add_column(c, justify="left" if c in ("id", "server", "proto") else "right",
+                         no_wrap=True, min_width=need(c))
+    for i in range(len(rows)):
+        t.add_row(*(cols[c][i] for c in shown))
     return t
 
 
@@ -203,7 +228,7 @@ def render(result: Result, console: Console, paths: Any = None,
     if paths is not None and connections:
         for part in _paths(paths, connections):
             console.print(part)
-    slow = _slowest(result)
+    slow = _slowest(result, width=console.width)
     if slow is not None:
         console.print(slow)
     findings = list(result.findings)

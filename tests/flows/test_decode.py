@@ -50,11 +50,13 @@ class Recorder:
 class Harness:
     """A FlowTable with a claiming decider and recording callbacks."""
 
-    def __init__(self, dns_ports: frozenset[int] = frozenset({53})) -> None:
+    def __init__(self, dns_ports: frozenset[int] = frozenset({53}),
+                 dns_heuristic: bool = True) -> None:
         self.analyzers: list[Recorder] = []
         self.finished: list[TcpFlow] = []
         self.udp: list[tuple[int, str, str, bytes, int]] = []
-        self.table = FlowTable(self._decide, self.finished.append, self._udp, dns_ports)
+        self.table = FlowTable(self._decide, self.finished.append, self._udp, dns_ports,
+                               dns_heuristic=dns_heuristic)
 
     def _decide(self, flow: TcpFlow, first: bytes) -> Recorder:
         rec = Recorder()
@@ -284,9 +286,14 @@ def test_other_ip_protocols_ignored() -> None:
 
 def test_udp_not_dns_ignored_and_dns_ports_option() -> None:
     pkt = IP(src="10.0.0.1", dst="10.0.0.9") / UDP(sport=40000, dport=5353) / Raw(DNS_Q)
-    assert Harness().scan((lt.LINKTYPE_RAW, pkt)).udp == []
-    h = Harness(frozenset({5353})).scan((lt.LINKTYPE_RAW, pkt))
-    assert h.udp == [(T0, "10.0.0.1:40000", "10.0.0.9:5353", DNS_Q, 1)]
+    other = IP(src="10.0.0.1", dst="10.0.0.9") / UDP(sport=40000, dport=5353) / Raw(
+        b"\x12\x34" + bytes(30))
+    assert Harness(dns_heuristic=False).scan((lt.LINKTYPE_RAW, pkt)).udp == []
+    assert Harness().scan((lt.LINKTYPE_RAW, other)).udp == []  # not DNS-shaped
+    for h in (Harness(frozenset({5353}), dns_heuristic=False),  # forced by the port
+              Harness()):  # found by its shape
+        h.scan((lt.LINKTYPE_RAW, pkt))
+        assert h.udp == [(T0, "10.0.0.1:40000", "10.0.0.9:5353", DNS_Q, 1)]
     # a response: source port 53
     resp = IP(src="10.0.0.53", dst="10.0.0.1") / UDP(sport=53, dport=40000) / Raw(b"r")
     assert Harness().scan((lt.LINKTYPE_RAW, resp)).udp[0][1:4] == (

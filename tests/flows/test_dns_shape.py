@@ -56,3 +56,71 @@ def test_damaged_dns_does_not_pass() -> None:
     assert not looks_like_dns(z)  # Z bit
     bad_class = wire[:-2] + b"\x00\x09"
     assert not looks_like_dns(bad_class)
+
+
+# -- through the pipeline ----------------------------------------------------------------
+
+def _udp_frame(src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:
+    import socket
+    import struct
+
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    return bytes.fromhex("020000000002020000000001") + b"\x08\x00" + ip + udp
+
+
+def _pcap(path, frames: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+    import struct
+
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        for n, fr in enumerate(frames):
+            f.write(struct.pack("<IIII", 1_700_000_000, n * 1000, len(fr), len(fr)) + fr)
+
+
+def _dns_elsewhere_capture(path) -> None:  # type: ignore[no-untyped-def]
+    client, server = ("10.0.0.1", 41000), ("10.0.0.53", 5354)
+    frames = []
+    for i, name in enumerate(["a.svc.local", "b.svc.local"]):
+        q = dns.message.make_query(name, "A", id=100 + i)
+        r = dns.message.make_response(q)
+        r.answer.append(dns.rrset.from_text(name + ".", 30, "IN", "A", "10.1.1.1"))
+        frames.append(_udp_frame(client, server, q.to_wire()))
+        frames.append(_udp_frame(server, client, r.to_wire()))
+    # answers on that server are parsed whatever they hold: one malformed
+    frames.append(_udp_frame(server, client, b"\x00\x01garbage"))
+    # not taken: mDNS to its multicast group, NetBIOS name service, QUIC on 443
+    mdns = dns.message.make_query("printer.local", "PTR", id=0).to_wire()
+    frames.append(_udp_frame(("10.0.0.1", 5353), ("224.0.0.251", 5353), mdns))
+    nbns = dns.message.make_query("CKAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "A", id=7).to_wire()
+    frames.append(_udp_frame(("10.0.0.1", 137), ("10.0.0.9", 137), nbns))
+    frames.append(_udp_frame(("10.0.0.1", 50000), ("10.0.0.9", 443),
+                             bytes.fromhex("c300000001088394c8f03e5157080000449e") + bytes(1200)))
+    _pcap(path, frames)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_dns_on_another_port_is_found_by_its_shape(tmp_path, jobs: int) -> None:  # type: ignore[no-untyped-def]
+    from netdiag.pipeline import Options, analyze
+    from netdiag.report.records_out import CollectingSink
+
+    path = tmp_path / "dns5354.pcap"
+    _dns_elsewhere_capture(path)
+    sink = CollectingSink()
+    result = analyze([str(path)], sink, Options(jobs=jobs))
+    doc = sink.document(result)
+    got = [(t["qname"], t["server"], t["answers"], t["latency_ms"]) for t in doc["dns"]]
+    assert got == [("a.svc.local", "10.0.0.53:5354", ["10.1.1.1"], 1.0),
+                   ("b.svc.local", "10.0.0.53:5354", ["10.1.1.1"], 1.0)]
+    assert result.capture.dns_ports_found == [5354]
+    assert any("malformed DNS" in w["message"] for w in doc["capture"]["warnings"])
+    # off: nothing; forced by --dns-port: the same transactions
+    sink = CollectingSink()
+    doc = sink.document(analyze([str(path)], sink, Options(dns_heuristic=False, jobs=jobs)))
+    assert doc["dns"] == []
+    sink = CollectingSink()
+    forced = sink.document(analyze([str(path)], sink, Options(
+        dns_heuristic=False, dns_ports=frozenset({53, 5354}), jobs=jobs)))
+    assert [(t["qname"], t["latency_ms"]) for t in forced["dns"]] == [
+        (g[0], g[3]) for g in got]
