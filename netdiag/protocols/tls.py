@@ -240,6 +240,8 @@ class TlsAnalyzer:
         self.server_random: bytes | None = None
         """ServerHello random of the real (not HelloRetryRequest) ServerHello."""
         self.encrypt_then_mac = False
+        self.compression_method = 0
+        """The compression method the ServerHello chose (1: DEFLATE, RFC 3749)."""
         """The server accepted encrypt_then_mac (extension 22), for TLS 1.2 CBC suites."""
         self._client_finished = False
         self._done = False
@@ -692,6 +694,7 @@ class TlsAnalyzer:
         sid = msg[p + 1:p + 1 + sid_len]
         p += 1 + sid_len
         cipher = (msg[p] << 8) | msg[p + 1]
+        self.compression_method = msg[p + 2]
         p += 3  # cipher suite, compression method
         exts = _extensions(msg, p)
         version = legacy

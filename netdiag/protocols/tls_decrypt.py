@@ -28,6 +28,7 @@ kept, and the requests after it come from the keyless inference (``estimated``).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,10 @@ HS_ENCRYPTED_EXTENSIONS = 8
 HS_CERTIFICATE = 11
 HS_FINISHED = 20
 HS_KEY_UPDATE = 24
+COMPRESSION_DEFLATE = 1
+"""TLS compression method DEFLATE (RFC 3749): one zlib stream per direction."""
+MAX_INFLATED = 1 << 14
+"""Plaintext one compressed record may hold (RFC 5246 6.2.2: 2^14 bytes)."""
 MAX_HANDSHAKE_MESSAGE = 1 << 20
 """Longest decrypted handshake message buffered (certificate chains included)."""
 
@@ -96,6 +101,8 @@ class DecryptingTlsAnalyzer:
         self._state = _WAITING
         self._dec: TlsDecryptor | None = None
         self._offset = 0
+        self._inflate: tuple[Any, Any] | None = None
+        """Per direction, the zlib stream of a DEFLATE-compressed connection (RFC 3749)."""
         self._hs_buf: tuple[bytearray, bytearray] = (bytearray(), bytearray())
         self._failed_ns: int | None = None
         self._app_decided = False
@@ -222,6 +229,21 @@ class DecryptingTlsAnalyzer:
         except DecryptError as e:
             self._fail(first_ts_ns, f"{e} (packet {first_packet})")
             return
+        inflate = self._inflate
+        if inflate is not None:
+            z = inflate[direction]
+            try:
+                plain = z.decompress(plain, MAX_INFLATED + 1)
+            except zlib.error as e:
+                self._fail(first_ts_ns, f"DEFLATE-compressed {_SIDES[direction]} record at "
+                                        f"packet {first_packet} does not inflate ({e})")
+                return
+            if len(plain) > MAX_INFLATED or z.unconsumed_tail:
+                self._fail(first_ts_ns, f"DEFLATE-compressed {_SIDES[direction]} record at "
+                                        f"packet {first_packet} inflates beyond "
+                                        f"{MAX_INFLATED} bytes")
+                return
+            pieces = None  # the pieces map compressed bytes: the record's first packet
         info = self.tls.info
         info.decrypted = True
         if inner == CT_HANDSHAKE:
@@ -257,6 +279,15 @@ class DecryptingTlsAnalyzer:
             self._off()
             return
         tls13 = self._dec.tls13
+        method = tls.compression_method
+        if method and not tls13:
+            if method != COMPRESSION_DEFLATE:
+                why = f"compression method {method} (only DEFLATE, 1, is known)"
+                tls.warn(f"tls: cannot decrypt: {why}")
+                info.decrypt_error = why
+                self._off()
+                return
+            self._inflate = (zlib.decompressobj(), zlib.decompressobj())
         self._offset = _plaintext_offset(cipher, tls13, version)
         self._encrypted = [tls13, tls13]
         self._state = _ON
