@@ -133,10 +133,16 @@ def looks_like_tls(first_bytes: bytes) -> bool:
     """Whether a client's first payload starts a TLS handshake record (a ClientHello).
 
     Checks content type 22, record version 3.0..3.4, a sane length and, when those
-    bytes are present, handshake type 1. An SSLv2-compatible ClientHello is not TLS.
+    bytes are present, handshake type 1. An SSLv2-compatible ClientHello (2-byte
+    header with the top bit set, message type 1, version 3.x) offering SSL 3.0 or TLS
+    is one too; a pure SSLv2 hello (version 0.2) is not.
     """
     if len(first_bytes) < 3:
         return False
+    if first_bytes[0] & 0x80 and first_bytes[2] == 1:
+        return (len(first_bytes) < 5
+                or (first_bytes[3] == 3 and first_bytes[4] <= 3
+                    and ((first_bytes[0] & 0x7F) << 8 | first_bytes[1]) >= 9))
     if first_bytes[0] != CT_HANDSHAKE or first_bytes[1] != 3 or first_bytes[2] > 4:
         return False
     if len(first_bytes) >= 5:
@@ -230,6 +236,9 @@ class TlsAnalyzer:
         self._closed = False
         self._infer: ExchangeInferrer | None = None
         self._ch_count = 0
+        self._v2_hello: bytearray | None = bytearray()
+        """The client's first bytes while they may be an SSLv2-compatible ClientHello;
+        None once the client's stream is known to be TLS records."""
         self._ch_sid = b""
         self._last_ch_ts = 0
         self._sh_seen = False
@@ -323,8 +332,12 @@ class TlsAnalyzer:
             side.last_ts = ts_ns
             return
         if side.alive and n:
-            self._walk(side, direction, ts_ns,
-                       data if isinstance(data, bytes) else bytes(data), packet)
+            raw = data if isinstance(data, bytes) else bytes(data)
+            if direction == 0 and self._v2_hello is not None:
+                raw = self._sslv2_hello(side, ts_ns, raw, packet)
+                if not raw:
+                    return
+            self._walk(side, direction, ts_ns, raw, packet)
 
     def gap(self, direction: int, ts_ns: int, nbytes: int) -> None:
         """``nbytes`` of ``direction`` were never captured before the next feed."""
@@ -378,6 +391,53 @@ class TlsAnalyzer:
         """
 
     # -- record layer ---------------------------------------------------------------
+
+    def _sslv2_hello(self, side: _Side, ts_ns: int, data: bytes, packet: int) -> bytes:
+        """The client's first bytes: an SSLv2-compatible ClientHello (RFC 5246 E.2) is
+        read as the TLS ClientHello it stands for; returns the bytes after it (all of
+        ``data`` when the stream starts with a TLS record)."""
+        buf = self._v2_hello
+        assert buf is not None
+        if not buf:
+            if not (data[0] & 0x80 and (len(data) < 3 or data[2] == 1)):
+                self._v2_hello = None
+                return data
+            side.first_ts, side.first_pkt = ts_ns, packet
+        buf += data
+        if len(buf) < 2:
+            return b""
+        length = ((buf[0] & 0x7F) << 8) | buf[1]
+        if len(buf) < 2 + length:
+            return b""
+        msg, rest = bytes(buf[2:2 + length]), bytes(buf[2 + length:])
+        self._v2_hello = None
+        ts, pkt = side.first_ts, side.first_pkt
+        if len(msg) < 9 or msg[0] != 1 or msg[1] != 3:
+            self._kill(side, f"tls: an SSLv2 client hello (packet {pkt}) that does not "
+                             f"offer TLS; stopped parsing the client stream")
+            return b""
+        specs_len = (msg[3] << 8) | msg[4]
+        sid_len = (msg[5] << 8) | msg[6]
+        challenge_len = (msg[7] << 8) | msg[8]
+        if (9 + specs_len + sid_len + challenge_len != len(msg) or specs_len % 3
+                or not 16 <= challenge_len <= 32 or sid_len > 32):
+            self._kill(side, f"tls: malformed SSLv2 client hello (packet {pkt}); stopped "
+                             f"parsing the client stream")
+            return b""
+        specs = msg[9:9 + specs_len]
+        sid = msg[9 + specs_len:9 + specs_len + sid_len]
+        challenge = msg[9 + specs_len + sid_len:]
+        suites = b"".join(specs[k + 1:k + 3] for k in range(0, specs_len, 3)
+                          if specs[k] == 0)
+        hello = (msg[1:3] + challenge.rjust(32, b"\x00") + bytes([len(sid)]) + sid
+                 + len(suites).to_bytes(2, "big") + suites + b"\x01\x00")
+        side.records += 1
+        try:
+            self._client_hello(hello, ts, pkt)
+        except _Malformed:
+            self._kill(side, f"tls: malformed SSLv2 client hello (packet {pkt})")
+            return b""
+        return rest
 
     def _walk(self, side: _Side, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         n = len(data)

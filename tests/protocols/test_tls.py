@@ -155,7 +155,8 @@ def test_looks_like_tls() -> None:
     assert not looks_like_tls(b"\x16\x03\x05\x00\x10\x01")          # version 3.5
     assert not looks_like_tls(b"\x16\x03\x01\xff\xff\x01")          # too long
     assert not looks_like_tls(b"\x16\x03\x01\x00\x10\x02")          # not a ClientHello
-    assert not looks_like_tls(b"\x80\x2e\x01\x03\x01\x00\x15")      # SSLv2 compat
+    assert looks_like_tls(b"\x80\x2e\x01\x03\x01\x00\x15")          # SSLv2 compat
+    assert not looks_like_tls(b"\x80\x2e\x01\x00\x02\x00\x15")      # pure SSLv2
 
 
 def test_names() -> None:
@@ -466,10 +467,13 @@ def test_garbage_client_stream_warns() -> None:
 
 
 def test_sslv2_compatible_client_hello() -> None:
+    """Read as the ClientHello it stands for (tests/protocols/test_tls_sslv2.py has more)."""
     f = Feeder()
-    f.send(0, b"\x80\x2e\x01\x03\x01\x00\x15\x00\x00\x00\x10" + bytes(37))
-    assert "SSLv2" in f.an.warnings[0]
-    assert f.an.info.client_hello_ns is None
+    first = f.send(0, b"\x80\x2e\x01\x03\x01\x00\x15\x00\x00\x00\x10" + bytes(21)
+                   + b"\x01" * 16)
+    assert f.an.warnings == []
+    assert (f.an.info.client_hello_ns, f.an.info.client_hello_packet) == first
+    assert f.an.info.client_random == bytes(16) + b"\x01" * 16
 
 
 def test_garbage_after_handshake_stops_that_direction_only() -> None:

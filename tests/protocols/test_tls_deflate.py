@@ -55,8 +55,8 @@ class Side:
         return record(ctype, body)
 
 
-def sides(compress: bool) -> tuple[Side, Side]:
-    block = prf_tls12(MASTER, b"key expansion", SERVER_RANDOM + CLIENT_RANDOM, 40, "sha256")
+def sides(compress: bool, client_random: bytes = CLIENT_RANDOM) -> tuple[Side, Side]:
+    block = prf_tls12(MASTER, b"key expansion", SERVER_RANDOM + client_random, 40, "sha256")
     ckey, skey, civ, siv = block[:16], block[16:32], block[32:36], block[36:40]
     return Side(ckey, civ, compress), Side(skey, siv, compress)
 
