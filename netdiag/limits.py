@@ -65,7 +65,7 @@ DESCRIPTIONS = {
                             "oldest were dropped",
     "ip_fragment_bytes": "bytes of incomplete IP datagrams were held: the oldest were dropped",
     "http1_pending_requests": "HTTP/1.x requests awaited a response on one connection: the "
-                              "oldest are no longer followed",
+                              "oldest are no longer followed (their records dropped)",
     "http1_held_bytes": "bytes followed an unanswered Upgrade/CONNECT request: they were "
                         "read as HTTP/1.x",
     "http2_open_streams": "HTTP/2 streams were open at once on one connection: the oldest "

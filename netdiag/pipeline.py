@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Protocol
 
 from netdiag.analysis.findings import Thresholds, build_findings
 from netdiag.analysis.summary import SummaryBuilder
@@ -34,26 +33,18 @@ from netdiag.protocols.http2 import Http2Analyzer
 from netdiag.protocols.resp import RESP_PORTS, RespAnalyzer, looks_like_resp
 from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
 from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
-from netdiag.records import Connection, DnsTransaction, Finding, Warning_, ns_to_ts
+from netdiag.records import DnsTransaction, Warning_
+from netdiag.result import CaptureFacts, Result, Sink
+
+__all__ = ["CaptureFacts", "Options", "Result", "Sink", "analyze", "export_pcapng",
+           "record_limits"]
 from netdiag.tls.keylog import KeyLog
 
 DSB_TLS_KEY_LOG = 0x544C534B
 """pcapng decryption-secrets type of an NSS key log."""
-MAX_WARNINGS = 200
-"""Protocol warnings kept in the report; the rest are only counted."""
 HTTP1_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ",
                  b"CONNECT ", b"TRACE ")
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-class Sink(Protocol):
-    """Where finished records go."""
-
-    def dns(self, t: DnsTransaction) -> None:
-        """A finished DNS transaction."""
-
-    def connection(self, c: Connection) -> None:
-        """A finished connection, with its requests."""
 
 
 @dataclass
@@ -91,64 +82,6 @@ class Options:
         return Limits(max_connections=max(1, self.max_connections // n),
                       max_held_bytes=max(1, self.max_held_bytes // n),
                       max_dns_open=max(1, self.max_dns_open // n))
-
-
-@dataclass
-class CaptureFacts:
-    """The contract's ``capture`` object, and what else a report needs about the input."""
-
-    files: list[str] = field(default_factory=list)
-    packets: int = 0
-    bytes: int = 0
-    first_ns: int | None = None
-    last_ns: int | None = None
-    link_types: list[str] = field(default_factory=list)
-    truncated: bool = False
-    warnings: list[Warning_] = field(default_factory=list)
-    warnings_dropped: int = 0
-    secrets: list[tuple[int, bytes]] = field(default_factory=list)
-    undecoded: int = 0
-    limits_hit: dict[str, int] = field(default_factory=dict)
-    """Times each cap on the analysis state was reached (``netdiag.limits``)."""
-    dns_ports_found: list[int] = field(default_factory=list)
-    """UDP ports other than the DNS ports given where DNS was found by its shape."""
-
-    def warn(self, w: Warning_) -> None:
-        """Keep a warning, or count it once the list is long enough."""
-        if len(self.warnings) < MAX_WARNINGS or w.kind in ("capture", "limit"):
-            self.warnings.append(w)
-        else:
-            self.warnings_dropped += 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "files": self.files, "packets": self.packets, "bytes": self.bytes,
-            "first_ts": ns_to_ts(self.first_ns), "last_ts": ns_to_ts(self.last_ns),
-            "duration_ms": (None if self.first_ns is None or self.last_ns is None
-                            else (self.last_ns - self.first_ns) / 1e6),
-            "link_types": self.link_types, "truncated": self.truncated,
-            "warnings": [w.to_json() for w in self.warnings],
-            "warnings_dropped": self.warnings_dropped,
-            "undecoded_packets": self.undecoded,
-            "limits_hit": dict(sorted(self.limits_hit.items())),
-        }
-
-
-@dataclass
-class Result:
-    """Everything a formatter needs once the input is consumed."""
-
-    capture: CaptureFacts
-    summary: SummaryBuilder
-    findings: list[Finding]
-    thresholds: Thresholds
-    client_randoms: set[bytes] = field(default_factory=set)
-    """ClientHello randoms of the TLS connections seen."""
-    keylog: KeyLog | None = None
-    """Every secret known at the end (options and decryption-secrets blocks)."""
-
-    def summary_json(self) -> dict[str, Any]:
-        return self.summary.build()
 
 
 def _port(ep: str) -> int:

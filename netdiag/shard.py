@@ -58,19 +58,11 @@ from typing import Any
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import SummaryBuilder
 from netdiag.capture.reader import CaptureReader
-from netdiag.pipeline import (
-    DSB_TLS_KEY_LOG,
-    CaptureFacts,
-    Options,
-    Result,
-    Sink,
-    _analyze,
-    _Run,
-    record_limits,
-)
+from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_limits
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
+from netdiag.result import CaptureFacts, Result, Sink
 from netdiag.tls.keylog import KeyLog
 
 AUTO_MIN_BYTES = 64 << 20

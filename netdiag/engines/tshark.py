@@ -1173,7 +1173,7 @@ def _document(paths: list[str], pkts: list[_Pkt], run: TsharkRun, dns_ports: fro
         warnings.append(Warning_("capture", f"{paths[-1]}: tshark: {line.strip()} (after "
                                             f"packet {len(pkts)})", paths[-1], None,
                                  len(pkts) + 1))
-    from netdiag.pipeline import CaptureFacts, Result
+    from netdiag.result import CaptureFacts, Result
 
     facts = CaptureFacts(files=paths, packets=len(pkts), bytes=sum(p.cap_len for p in pkts),
                          first_ns=first, last_ns=last, link_types=links,

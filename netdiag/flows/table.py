@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 
 from netdiag.flows.defrag import Defragmenter
 from netdiag.flows.dns_shape import looks_like_dns
+from netdiag.flows.stream import StreamAnalyzer
 from netdiag.flows.tcp import ACK, SYN, TcpFlow
 from netdiag.limits import LIMIT_CONNECTIONS, Limits
-from netdiag.protocols.base import StreamAnalyzer
 from netdiag.records import Connection, Warning_, endpoint
 
 SWEEP_EVERY = 1 << 15

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from netdiag.flows.stream import StreamAnalyzer
 from netdiag.limits import LIMIT_HELD_BYTES, LIMIT_OUT_OF_ORDER, Limits
-from netdiag.protocols.base import StreamAnalyzer
 from netdiag.records import Connection
 
 FIN = 0x01

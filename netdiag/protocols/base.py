@@ -1,22 +1,16 @@
-"""The interface every TCP stream analyzer offers to the flow layer.
-
-The flow layer reassembles each direction of a TCP connection in sequence order and
-calls ``feed`` once per captured segment's new bytes, in stream order, with the
-capture time of the packet that carried them. Direction 0 is client to server,
-1 is server to client. When bytes were never captured, ``gap`` is called instead,
-and the analyzer must resynchronise or stop parsing that direction; it must never
-raise for bad bytes (it records a warning instead).
-
-When the connection is finished, the pipeline reads what the analyzer found through
-the same interface (``kind``, ``requests``, ``protocol``, ``http2``,
-``client_random``, ``warnings``, ``limits_hit``), never by asking which class it is.
+"""Analyzer interfaces: the stream interface the flow layer feeds (defined in
+``netdiag.flows.stream`` and re-exported here), the HTTP one the TLS layer feeds, and
+the shared warning helper.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from netdiag.flows.stream import CLIENT, SERVER, AnalyzerKind, StreamAnalyzer
 from netdiag.records import Request
+
+__all__ = ["CLIENT", "SERVER", "AnalyzerKind", "HttpAnalyzer", "StreamAnalyzer", "add_warning"]
 
 
 def add_warning(warnings: list[str], message: str, limit: int, dropped: str) -> None:
@@ -27,66 +21,6 @@ def add_warning(warnings: list[str], message: str, limit: int, dropped: str) -> 
         warnings.append(message)
     elif n == limit:
         warnings.append(dropped)
-
-
-AnalyzerKind = Literal["tls", "http", "resp", "dns"]
-"""What an analyzer reads; also the ``kind`` of the warnings it raises."""
-
-CLIENT = 0
-"""Direction: client to server."""
-SERVER = 1
-"""Direction: server to client."""
-
-
-class StreamAnalyzer(Protocol):
-    """A sans-IO analyzer of one TCP connection's two byte streams."""
-
-    def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
-        """New in-order bytes of ``direction``; ``ts_ns``/``packet`` of the segment."""
-
-    def gap(self, direction: int, ts_ns: int, nbytes: int) -> None:
-        """``nbytes`` of ``direction`` were lost before the next ``feed``."""
-
-    def close(self, ts_ns: int) -> None:
-        """The connection ended (FIN/RST/end of capture/idle expiry)."""
-
-    @property
-    def warnings(self) -> list[str]:
-        """Plain sentences about bytes the analyzer could not parse."""
-        ...
-
-    @property
-    def kind(self) -> AnalyzerKind:
-        """``tls``, ``http`` (HTTP/1.x or HTTP/2 in the clear), ``resp`` or ``dns``."""
-        ...
-
-    @property
-    def requests(self) -> list[Request]:
-        """The connection's requests in the order they started (exact or estimated);
-        empty for analyzers without requests (DNS, whose transactions go elsewhere)."""
-        ...
-
-    @property
-    def protocol(self) -> str | None:
-        """The application protocol as seen so far (``h2``, ``http/1.1``, ``resp``, a TLS
-        connection's ALPN), or None when the analyzer cannot tell more than its ``kind``."""
-        ...
-
-    @property
-    def http2(self) -> dict[str, Any] | None:
-        """HTTP/2 connection facts (see ``Connection.http2``), None without HTTP/2."""
-        ...
-
-    @property
-    def client_random(self) -> bytes | None:
-        """A TLS connection's ClientHello random (to find or embed its keys), else None."""
-        ...
-
-    @property
-    def limits_hit(self) -> dict[str, int]:
-        """Caps this connection's analysis reached, by ``capture.limits_hit`` name (times
-        each was hit); empty when none was."""
-        ...
 
 
 class HttpAnalyzer(StreamAnalyzer, Protocol):

@@ -45,10 +45,9 @@ are pipelined. Past :data:`MAX_HELD` the bytes are read as HTTP/1.x (once per
 connection: ``limits_hit["http1_held_bytes"]``, one warning); at ``close`` all held
 bytes are read, later Upgrade requests included. At most
 :data:`MAX_PENDING_REQUESTS` requests are followed while awaiting their response:
-beyond, the oldest stops being followed (its record stays, without a response; the
-response that may still come for it is read and discarded, so later responses stay
-matched in order), counted in ``limits_hit["http1_pending_requests"]`` with one
-warning.
+beyond, the oldest stops being followed (its record is dropped; the response that
+may still come for it is read and discarded, so later responses stay matched in
+order), counted in ``limits_hit["http1_pending_requests"]`` with one warning.
 """
 
 from __future__ import annotations
@@ -146,6 +145,9 @@ class Http1Analyzer:
         self._server = _Side(1)
         self._sides = (self._client, self._server)
         self._requests: list[Request] = []
+        self._dropped: set[int] = set()
+        """``id`` of the requests in ``_requests`` no longer followed (their records are
+        dropped: a client that pipelines without end cannot grow memory without end)."""
         self._fifo: deque[Request] = deque()
         """Requests whose response has not ended, in order."""
         self._warnings: list[str] = []
@@ -173,10 +175,14 @@ class Http1Analyzer:
     @property
     def requests(self) -> list[Request]:
         """Requests in the order they started; after an h2c upgrade, the HTTP/2 ones too."""
+        own = self._requests
+        if self._dropped:
+            dropped = self._dropped
+            own = [r for r in own if id(r) not in dropped]
         if self._h2 is None:
-            return list(self._requests)
+            return list(own)
         up = self._upgrade_req
-        return self._requests + [r for r in self._h2.requests if r is not up]
+        return own + [r for r in self._h2.requests if r is not up]
 
     @property
     def warnings(self) -> list[str]:
@@ -788,6 +794,11 @@ class Http1Analyzer:
         old = self._fifo.popleft()
         if self._server.req is not old:  # else its response is being read: nothing owed
             self._skip += 1
+            dropped = self._dropped
+            dropped.add(id(old))
+            if len(dropped) > 1024 and 2 * len(dropped) > len(self._requests):
+                self._requests = [r for r in self._requests if id(r) not in dropped]
+                dropped.clear()
         if self._wait_req is old:
             self._wait_req = None
             if self._client.state == _HELD:
@@ -795,8 +806,8 @@ class Http1Analyzer:
         n = self._limits.get(LIMIT_PENDING, 0)
         if not n:
             self._warn(f"more than {MAX_PENDING_REQUESTS} requests awaited a response at "
-                       f"once; the oldest are no longer followed (their responses, if any, "
-                       f"are not matched)")
+                       f"once; the oldest are no longer followed (their records are dropped and "
+                       f"their responses, if any, not matched)")
         self._limits[LIMIT_PENDING] = n + 1
 
     def _start_h2(self, upgrade: Request | None, what: str) -> bool:

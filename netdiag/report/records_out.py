@@ -6,8 +6,8 @@ import json
 from typing import IO, Any
 
 from netdiag import CONTRACT_VERSION, __version__
-from netdiag.pipeline import Result
 from netdiag.records import Connection, DnsTransaction
+from netdiag.result import Result
 
 
 def _conn_order(c: Connection) -> int:

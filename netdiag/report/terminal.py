@@ -16,8 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from netdiag.pipeline import Result
 from netdiag.report.units import ms_text
+from netdiag.result import Result
 from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_text
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}

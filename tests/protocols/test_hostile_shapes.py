@@ -414,11 +414,27 @@ def test_h1_pending_requests_are_capped(monkeypatch: pytest.MonkeyPatch) -> None
     assert a.limits_hit == {"http1_pending_requests": 200}
     assert sum("no longer followed" in w for w in a.warnings) == 1
     reqs = a.requests
-    assert len(reqs) == 305
+    # the 200 no longer followed are dropped (their responses were read and discarded):
+    # a client that pipelines without end holds at most the cap's worth of records
+    assert len(reqs) == 105 and len(a._requests) <= 2 * 105 + 1024
     assert all(r.status == 200 and r.response_bytes == i for i, r in enumerate(reqs[:5]))
-    assert all(r.status is None for r in reqs[5:205])  # their responses were discarded
+    assert [r.path for r in reqs[5:]] == [f"/r/{i}" for i in range(205, 305)]
     assert all(r.status == 201 and r.response_bytes == i
-               for i, r in enumerate(reqs[205:], start=205))
+               for i, r in enumerate(reqs[5:], start=205))
+
+
+def test_h1_records_of_requests_no_longer_followed_do_not_pile_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1_mod, "MAX_PENDING_REQUESTS", 100)
+    a = Http1Analyzer()
+    held = []
+    for i in range(20_000):  # pipelined, never answered
+        a.feed(0, T0 + i * MS, _get(i), i + 1)
+        held.append(len(a._requests))
+    assert max(held) <= 2 * 100 + 1024 + 1
+    a.close(T0 + 30_000 * MS)
+    assert [r.path for r in a.requests] == [f"/r/{i}" for i in range(19_900, 20_000)]
+    assert a.limits_hit == {"http1_pending_requests": 19_900}
 
 
 # -- IP fragments -----------------------------------------------------------------------
