@@ -25,6 +25,7 @@ fi
 python3 -m pip install -q -e '.[test]'
 python3 -m netdiag --version
 python3 -m ruff check .
+lint-imports --no-cache  # the layer contract (pyproject.toml [tool.importlinter])
 bash scripts/typecheck.sh
 python3 -m pytest -q "$@"
 # the pure-Python twin of the compiled modules, on the tests of the layers they make up

@@ -622,7 +622,7 @@ def _tls(st: _Stream) -> tuple[TlsInfo | None, dict[str, Any]]:
                 info.version = _version_name(version)
                 suite = to_int(hs.get("tls.handshake.ciphersuite"))
                 if suite is not None:
-                    from netdiag.protocols.tls_names import cipher_name
+                    from netdiag.tls.names import cipher_name
 
                     cipher = info.cipher = cipher_name(suite)
                 alpn = find_first(hs, "tls.handshake.extensions_alpn_str")
@@ -654,7 +654,7 @@ def _tls(st: _Stream) -> tuple[TlsInfo | None, dict[str, Any]]:
         alert = node.get("tls.alert_message")
         if info.alert is None or info.alert.startswith("encrypted"):
             if isinstance(alert, Node) and alert.get("tls.alert_message.level") is not None:
-                from netdiag.protocols.tls_names import alert_description, alert_level_name
+                from netdiag.tls.names import alert_description, alert_level_name
 
                 level = to_int(alert.get("tls.alert_message.level")) or 0
                 desc = to_int(alert.get("tls.alert_message.desc")) or 0

@@ -381,7 +381,7 @@ def _ssl_context(http1: bool, keylog: str | Path | None, insecure: bool,
 
 def _cipher_names(ctx: ssl.SSLContext) -> dict[str, str]:
     """OpenSSL cipher name -> IANA name."""
-    from netdiag.protocols.tls_names import cipher_name
+    from netdiag.tls.names import cipher_name
 
     return {c["name"]: cipher_name(c["id"] & 0xFFFF) for c in ctx.get_ciphers()}
 

@@ -61,14 +61,14 @@ from typing import Any, Protocol
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
-from netdiag.protocols.tls_names import (
+from netdiag.records import Request, TlsInfo
+from netdiag.tls.names import (
     alert_text,
     cipher_name,
     is_tls13,
     record_overhead,
     version_name,
 )
-from netdiag.records import Request, TlsInfo
 
 CT_CHANGE_CIPHER_SPEC = 20
 CT_ALERT = 21

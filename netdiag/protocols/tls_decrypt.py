@@ -42,10 +42,10 @@ from netdiag.protocols.tls import (
     TlsAnalyzer,
 )
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS
-from netdiag.protocols.tls_names import alert_text
 from netdiag.records import Request, TlsInfo
 from netdiag.tls.decrypt import DecryptError, TlsDecryptor
 from netdiag.tls.keylog import KeyLog
+from netdiag.tls.names import alert_text
 from netdiag.tls.suites import SUITES
 
 HS_NEW_SESSION_TICKET = 4
@@ -75,9 +75,9 @@ def _plaintext_offset(suite: int, tls13: bool, version: int) -> int:
     spec = SUITES.get(suite)
     if spec is None:
         return 0
-    if spec.kind == "cbc":
-        return 16 if version >= 0x0302 else 0  # TLS 1.0 chains its IV: none on the wire
-    return 8 if spec.aead in ("aes-gcm", "aes-ccm") else 0
+    if spec.kind == "cbc":  # TLS 1.0 chains its IV: none on the wire
+        return spec.block_len if version >= 0x0302 else 0
+    return spec.explicit_nonce_len
 
 
 class DecryptingTlsAnalyzer:

@@ -13,7 +13,7 @@ The heuristic
 are not requests or responses: SETTINGS ACK (9 bytes), WINDOW_UPDATE and RST_STREAM
 (13), often two WINDOW_UPDATEs together (26). When the cipher's exact expansion is
 known (``overhead``: 17 for TLS 1.3, 24 for TLS 1.2 AES-GCM/CCM, 16 for
-ChaCha20-Poly1305; see :func:`netdiag.protocols.tls_names.record_overhead`), a
+ChaCha20-Poly1305; see :func:`netdiag.tls.names.record_overhead`), a
 record's plaintext size is ``length - overhead`` and the record is *control* when
 that is at most 9 bytes or one of 13, 22 (9+13), 26 (13+13), 35 and 39; every other
 record is *substantive*. The bar is that low on purpose: on a reused HTTP/2

@@ -46,12 +46,22 @@ ChangeCipherSpec on (:meth:`TlsDecryptor.change_cipher_spec`), with sequence
 numbers from 0. AES-GCM and AES-CCM (RFC 5288, RFC 6655): nonce = fixed IV (4) +
 explicit nonce (the first 8 bytes of the record); ChaCha20-Poly1305 (RFC 7905):
 nonce = IV (12) XOR sequence number; additional data = sequence number (8) + type
-+ version + plaintext length. AES-CBC: IV (explicit in each record from TLS 1.1,
-chained from the previous record in TLS 1.0) + ciphertext, HMAC over sequence
-number + type + version + length + plaintext inside the encryption
-(MAC-then-encrypt), or over the IV and ciphertext after it with RFC 7366
-encrypt-then-MAC. Renegotiation is not followed: its new keys are not in the key
-log.
++ version + plaintext length. CBC (AES, Camellia, SEED: 16-byte blocks; 3DES: 8-byte
+blocks): IV (explicit in each record from TLS 1.1, chained from the previous
+record in TLS 1.0, the first one from the key block) + ciphertext, padded to the
+block size, HMAC over sequence number + type + version + length + plaintext inside
+the encryption (MAC-then-encrypt), or over the IV and ciphertext after it with RFC
+7366 encrypt-then-MAC. RC4: E(plaintext + HMAC), no IV and no padding, one
+keystream per direction running on across its records. NULL suites: plaintext +
+HMAC, the HMAC checked like the others'. RFC 7366 encrypt-then-MAC is for block
+ciphers only; OpenSSL negotiates it for the NULL suites too, which changes nothing
+there (no IV, no padding: the HMAC covers the same bytes), so it is ignored for RC4
+and NULL. HMAC-MD5 for the ``*_MD5`` suites. Renegotiation is not followed: its new
+keys are not in the key log.
+
+Camellia, SEED, 3DES and RC4 come from ``cryptography``'s ``decrepit`` module (from
+``cryptography.hazmat.primitives`` before version 43); when the installed OpenSSL
+cannot run one of them the decryptor is not built (:class:`DecryptError`).
 
 Padding checks are not constant-time: this reads captured traffic, it is not an
 endpoint an attacker can query.
@@ -62,11 +72,26 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Mapping
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
+from cryptography.hazmat.primitives.ciphers import (
+    BlockCipherAlgorithm,
+    Cipher,
+    CipherContext,
+    algorithms,
+    modes,
+)
 from cryptography.hazmat.primitives.ciphers.aead import AESCCM, AESGCM, ChaCha20Poly1305
 
-from netdiag.protocols.tls_names import cipher_name, version_name
+try:
+    from cryptography.hazmat.decrepit.ciphers.algorithms import ARC4, SEED, Camellia, TripleDES
+except ImportError:  # cryptography < 43: still in primitives
+    from cryptography.hazmat.primitives.ciphers.algorithms import (
+        ARC4,
+        SEED,
+        Camellia,
+        TripleDES,
+    )
+
 from netdiag.tls.keylog import (
     CLIENT_EARLY_TRAFFIC_SECRET,
     CLIENT_HANDSHAKE_TRAFFIC_SECRET,
@@ -75,7 +100,8 @@ from netdiag.tls.keylog import (
     SERVER_HANDSHAKE_TRAFFIC_SECRET,
     SERVER_TRAFFIC_SECRET_0,
 )
-from netdiag.tls.suites import SUITES, CipherSpec
+from netdiag.tls.names import cipher_name, version_name
+from netdiag.tls.suites import SUITES, CipherSpec, unsupported_reason
 
 TLS10, TLS11, TLS12, TLS13 = 0x0301, 0x0302, 0x0303, 0x0304
 
@@ -95,7 +121,11 @@ _LABELS13 = (
 """Key log label of each TLS 1.3 phase's secret, by direction."""
 _SIDES = ("client", "server")
 _HASH_LEN = {"sha256": 32, "sha384": 48}
-_BLOCK = 16
+_BLOCK_CIPHERS: dict[str, Callable[[bytes], BlockCipherAlgorithm]] = {
+    "aes": algorithms.AES, "camellia": Camellia, "seed": SEED, "3des": TripleDES}
+"""The block cipher of each CBC suite's ``CipherSpec.cipher``."""
+_MAX_FRAGMENT = 0xFFFF
+"""Longest record body the 2-byte record length allows."""
 
 Aead = AESGCM | AESCCM | ChaCha20Poly1305
 Fragment = bytes | bytearray | memoryview
@@ -167,8 +197,9 @@ def _make_aead(spec: CipherSpec, key: bytes) -> Aead:
 class _Direction:
     """Record protection state of one direction."""
 
-    __slots__ = ("active", "aead", "aes", "explicit_iv", "iv", "mac_key", "missing", "name",
-                 "phase", "records", "renegotiated", "salt", "secret", "seq")
+    __slots__ = ("active", "aead", "block", "explicit_iv", "iv", "keystream", "mac_key",
+                 "missing", "name", "phase", "records", "renegotiated", "salt", "secret",
+                 "seq", "stream")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -189,10 +220,15 @@ class _Direction:
         """TLS 1.3 and ChaCha20: the per-record nonce base, as an integer."""
         self.salt = b""
         """TLS 1.2 GCM/CCM: the 4-byte fixed part of the nonce."""
-        self.aes: algorithms.AES | None = None
+        self.block: BlockCipherAlgorithm | None = None
+        """CBC: the keyed block cipher."""
         self.mac_key = b""
         self.explicit_iv = True
         """CBC: each record starts with its IV (TLS 1.1+); else chained (TLS 1.0)."""
+        self.stream: CipherContext | None = None
+        """RC4: the direction's keystream generator."""
+        self.keystream = b""
+        """RC4: keystream generated but not used yet (by a record that failed)."""
 
     def __repr__(self) -> str:
         return f"<_Direction {self.name} seq={self.seq} records={self.records}>"
@@ -216,8 +252,10 @@ class TlsDecryptor:
         """
         spec = SUITES.get(cipher_suite)
         if spec is None:
-            raise DecryptError(f"cipher suite {cipher_name(cipher_suite)} is not supported "
-                               f"for decryption")
+            name = cipher_name(cipher_suite)
+            why = unsupported_reason(name)
+            raise DecryptError(f"cipher suite {name} is not supported for decryption"
+                               + (f" ({why})" if why else ""))
         self.spec = spec
         """The negotiated suite's :class:`~netdiag.tls.suites.CipherSpec`."""
         self.version = version
@@ -339,24 +377,39 @@ class TlsDecryptor:
         for n in (mac_len, mac_len, key_len, key_len, iv_len, iv_len):
             parts.append(block[p:p + n])
             p += n
-        for i, d in enumerate(self._dirs):
-            mac_key, key, iv = parts[i], parts[2 + i], parts[4 + i]
-            if spec.kind == "cbc":
-                d.mac_key = mac_key
-                d.aes = algorithms.AES(key)
-                d.explicit_iv = self.version >= TLS11
-                d.iv = int.from_bytes(iv, "big")  # TLS 1.0 only
-                d.salt = iv
-            else:
-                d.aead = _make_aead(spec, key)
-                d.salt = iv
-                d.iv = int.from_bytes(iv, "big")
+        try:
+            for i, d in enumerate(self._dirs):
+                self._install12(spec, d, parts[i], parts[2 + i], parts[4 + i])
+        except UnsupportedAlgorithm as e:  # a legacy cipher this OpenSSL build lacks
+            raise DecryptError(f"{spec.name}: the cryptography package cannot run "
+                               f"{spec.cipher} here ({e})") from None
         if spec.kind == "cbc":
             self._decrypt12 = self._decrypt_etm if self.encrypt_then_mac else self._decrypt_mte
+        elif spec.kind in ("stream", "null"):
+            self._decrypt12 = self._decrypt_stream
         elif spec.aead == "chacha20":
             self._decrypt12 = self._decrypt_chacha
         else:
             self._decrypt12 = self._decrypt_explicit_nonce
+
+    def _install12(self, spec: CipherSpec, d: _Direction, mac_key: bytes, key: bytes,
+                   iv: bytes) -> None:
+        """Key ``d`` for a TLS 1.0-1.2 suite; ``UnsupportedAlgorithm`` when OpenSSL
+        cannot run its cipher (found here rather than at the first record)."""
+        if spec.kind == "aead":
+            d.aead = _make_aead(spec, key)
+            d.salt = iv
+            d.iv = int.from_bytes(iv, "big")
+            return
+        d.mac_key = mac_key
+        if spec.kind == "cbc":
+            d.block = _BLOCK_CIPHERS[spec.cipher](key)
+            Cipher(d.block, modes.CBC(bytes(spec.block_len))).decryptor()
+            d.explicit_iv = self.version >= TLS11
+            d.iv = int.from_bytes(iv, "big")  # TLS 1.0 only
+            d.salt = iv
+        elif spec.kind == "stream":
+            d.stream = Cipher(ARC4(key), None).decryptor()
 
     # -- events from the caller -----------------------------------------------------------
     def change_cipher_spec(self, direction: int) -> None:
@@ -512,9 +565,9 @@ class TlsDecryptor:
             raise self._fail(d) from None
 
     def _cbc_decrypt(self, d: _Direction, iv: bytes, ciphertext: memoryview) -> bytes:
-        aes = d.aes
-        assert aes is not None
-        dec = Cipher(aes, modes.CBC(iv)).decryptor()
+        block = d.block
+        assert block is not None
+        dec = Cipher(block, modes.CBC(iv)).decryptor()
         return dec.update(ciphertext) + dec.finalize()
 
     def _mac(self, d: _Direction, ctype: int, version: int, data: memoryview | bytes) -> bytes:
@@ -527,14 +580,15 @@ class TlsDecryptor:
 
     def _decrypt_mte(self, d: _Direction, ctype: int, version: int,
                      fragment: Fragment) -> bytes:
-        """AES-CBC, MAC-then-encrypt: [IV] + E(plaintext + MAC + padding)."""
+        """CBC, MAC-then-encrypt: [IV] + E(plaintext + MAC + padding)."""
         mv = memoryview(fragment)
         size = len(mv)
         mac_len = self.spec.mac_len
-        start = _BLOCK if d.explicit_iv else 0
-        if size % _BLOCK or size - start < mac_len + 1 or size - start <= 0:
+        bl = self.spec.block_len
+        start = bl if d.explicit_iv else 0
+        if size % bl or size - start < mac_len + 1 or size - start <= 0 or size > _MAX_FRAGMENT:
             raise self._fail(d)
-        iv = bytes(mv[:_BLOCK]) if d.explicit_iv else d.iv.to_bytes(_BLOCK, "big")
+        iv = bytes(mv[:bl]) if d.explicit_iv else d.iv.to_bytes(bl, "big")
         out = self._cbc_decrypt(d, iv, mv[start:])
         pad = out[-1]
         end = len(out) - pad - 1 - mac_len
@@ -545,26 +599,56 @@ class TlsDecryptor:
                                    out[end:end + mac_len]):
             raise self._fail(d)
         if not d.explicit_iv:
-            d.iv = int.from_bytes(mv[size - _BLOCK:], "big")
+            d.iv = int.from_bytes(mv[size - bl:], "big")
         return content
 
     def _decrypt_etm(self, d: _Direction, ctype: int, version: int,
                      fragment: Fragment) -> bytes:
-        """AES-CBC, encrypt-then-MAC (RFC 7366): [IV] + E(plaintext + padding) + MAC."""
+        """CBC, encrypt-then-MAC (RFC 7366): [IV] + E(plaintext + padding) + MAC."""
         mv = memoryview(fragment)
         mac_len = self.spec.mac_len
+        bl = self.spec.block_len
         body_len = len(mv) - mac_len
-        start = _BLOCK if d.explicit_iv else 0
-        if body_len % _BLOCK or body_len - start < _BLOCK:
+        start = bl if d.explicit_iv else 0
+        if body_len % bl or body_len - start < bl or body_len > _MAX_FRAGMENT:
             raise self._fail(d)
         body = mv[:body_len]
         if not hmac.compare_digest(self._mac(d, ctype, version, body), bytes(mv[body_len:])):
             raise self._fail(d)
-        iv = bytes(mv[:_BLOCK]) if d.explicit_iv else d.iv.to_bytes(_BLOCK, "big")
+        iv = bytes(mv[:bl]) if d.explicit_iv else d.iv.to_bytes(bl, "big")
         out = self._cbc_decrypt(d, iv, body[start:])
         pad = out[-1]
         if pad + 1 > len(out) or out[-pad - 1:] != bytes((pad,)) * (pad + 1):
             raise self._fail(d)
         if not d.explicit_iv:
-            d.iv = int.from_bytes(body[body_len - _BLOCK:], "big")
+            d.iv = int.from_bytes(body[body_len - bl:], "big")
         return out[:-pad - 1]
+
+    def _decrypt_stream(self, d: _Direction, ctype: int, version: int,
+                        fragment: Fragment) -> bytes:
+        """RC4 or NULL: E(plaintext + MAC) (no encryption for NULL), no IV, no padding.
+
+        The RC4 keystream a failed record used is kept for the next record, so a
+        failure changes nothing here either.
+        """
+        n = len(fragment)
+        end = n - self.spec.mac_len
+        if end < 0 or n > _MAX_FRAGMENT:
+            raise self._fail(d)
+        stream = d.stream
+        keystream = b""
+        if stream is None:
+            plain = bytes(fragment)
+        else:
+            keystream = d.keystream
+            if len(keystream) < n:
+                keystream += stream.update(bytes(n - len(keystream)))
+                d.keystream = keystream
+            plain = (int.from_bytes(fragment, "big")
+                     ^ int.from_bytes(keystream[:n], "big")).to_bytes(n, "big")
+        content = plain[:end]
+        if not hmac.compare_digest(self._mac(d, ctype, version, content), plain[end:]):
+            raise self._fail(d)
+        if stream is not None:
+            d.keystream = keystream[n:]
+        return content

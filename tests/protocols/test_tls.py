@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netdiag.protocols.tls import HRR_RANDOM, TlsAnalyzer, looks_like_tls
-from netdiag.protocols.tls_names import cipher_name, record_overhead, version_name
+from netdiag.tls.names import cipher_name, record_overhead, version_name
 
 MS = 1_000_000
 
