@@ -16,7 +16,7 @@ from operator import itemgetter
 from netdiag.analysis.findings import Thresholds, build_findings
 from netdiag.analysis.summary import SummaryBuilder
 from netdiag.capture.linktypes import linktype_name
-from netdiag.capture.reader import CaptureReader
+from netdiag.capture.reader import SECRETS_TLS_KEY_LOG, CaptureReader
 from netdiag.errors import InputError
 from netdiag.flows.table import FlowTable
 from netdiag.flows.tcp import TcpFlow
@@ -40,8 +40,8 @@ __all__ = ["CaptureFacts", "Options", "Result", "Sink", "analyze", "export_pcapn
            "record_limits"]
 from netdiag.tls.keylog import KeyLog
 
-DSB_TLS_KEY_LOG = 0x544C534B
-"""pcapng decryption-secrets type of an NSS key log."""
+DSB_TLS_KEY_LOG = SECRETS_TLS_KEY_LOG
+"""pcapng decryption-secrets type of an NSS key log (the reader's constant)."""
 HTTP1_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ",
                  b"CONNECT ", b"TRACE ")
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

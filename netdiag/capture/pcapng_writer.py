@@ -19,6 +19,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
+from netdiag.capture.reader import SECRETS_TLS_KEY_LOG
 from netdiag.textsafe import print_warning
 
 SHB = 0x0A0D0D0A
@@ -26,7 +27,9 @@ IDB = 0x00000001
 EPB = 0x00000006
 DSB = 0x0000000A
 BYTE_ORDER_MAGIC = 0x1A2B3C4D
-TLS_KEY_LOG = 0x544C534B
+TLS_KEY_LOG = SECRETS_TLS_KEY_LOG
+"""Decryption-secrets type of an NSS key log (the reader's constant, one definition)."""
+OPT_IF_NAME = 2
 OPT_ENDOFOPT = 0
 OPT_SHB_USERAPPL = 4
 OPT_IF_TSRESOL = 9
@@ -75,10 +78,24 @@ class PcapngWriter:
         body = struct.pack("<IHHq", BYTE_ORDER_MAGIC, 1, 0, -1) + opts
         out.write(_block(SHB, body))
 
-    def secrets(self, key_log: bytes) -> None:
-        """Embed an NSS key log in a decryption-secrets block."""
-        body = struct.pack("<II", TLS_KEY_LOG, len(key_log)) + _pad(key_log)
+    def secrets(self, key_log: bytes, secrets_type: int = TLS_KEY_LOG) -> None:
+        """Embed secrets in a decryption-secrets block (by default an NSS key log)."""
+        body = struct.pack("<II", secrets_type, len(key_log)) + _pad(key_log)
         self.out.write(_block(DSB, body))
+
+    def interface(self, linktype: int, name: str | None = None, snaplen: int = 0) -> int:
+        """Describe the interface of ``linktype`` now (with its name and snap length),
+        so that a capture without packets still says what was captured; later packets
+        of that link type use it. Returns its interface id."""
+        ifid = self._interfaces.get(linktype)
+        if ifid is not None:
+            return ifid
+        ifid = len(self._interfaces) + len(self._offset_interfaces)
+        self._interfaces[linktype] = ifid
+        opts = _option(OPT_IF_NAME, name.encode()) if name is not None else b""
+        opts += _option(OPT_IF_TSRESOL, b"\x09") + _option(OPT_ENDOFOPT, b"")
+        self.out.write(_block(IDB, struct.pack("<HHI", linktype, 0, snaplen) + opts))
+        return ifid
 
     def _skip(self, reason: str) -> bool:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1

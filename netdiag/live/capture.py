@@ -54,9 +54,7 @@ from types import TracebackType
 from typing import BinaryIO
 
 from netdiag.capture.linktypes import LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL2, LINKTYPE_RAW
-from netdiag.capture.pcapng_writer import DSB, IDB, OPT_ENDOFOPT, OPT_IF_TSRESOL, PcapngWriter
-from netdiag.capture.pcapng_writer import _block as _pcapng_block
-from netdiag.capture.pcapng_writer import _option as _pcapng_option
+from netdiag.capture.pcapng_writer import PcapngWriter
 from netdiag.errors import InputError, NetdiagError
 
 ETH_P_ALL = 0x0003
@@ -78,7 +76,6 @@ SKF_AD_OFF = 0xFFFFF000
 SKF_AD_PROTOCOL = 0
 SKF_AD_PKTTYPE = 4
 SLL2_LEN = 20
-OPT_IF_NAME = 2
 
 DEFAULT_SNAPLEN = 262144
 RCVBUF = 8 << 20
@@ -133,20 +130,6 @@ class _CountingFile:
     def write(self, data: bytes) -> int:
         self.n += len(data)
         return self.f.write(data)
-
-
-class _LiveWriter(PcapngWriter):
-    """PcapngWriter whose interface is described up front (name, snap length).
-
-    The IDB is written with the file header, so an empty capture still says what
-    was captured and how.
-    """
-
-    def interface(self, linktype: int, name: str, snaplen: int) -> None:
-        opts = (_pcapng_option(OPT_IF_NAME, name.encode()) + _pcapng_option(OPT_IF_TSRESOL, b"\x09")
-                + _pcapng_option(OPT_ENDOFOPT, b""))
-        self.out.write(_pcapng_block(IDB, struct.pack("<HHI", linktype, 0, snaplen) + opts))
-        self._interfaces[linktype] = len(self._interfaces)
 
 
 class _SockFilter(ctypes.Structure):
@@ -342,7 +325,7 @@ class LiveCapture:
         self._error: str | None = None
         self._file: BinaryIO | None = None
         self._counting: _CountingFile | None = None
-        self._writer: _LiveWriter | None = None
+        self._writer: PcapngWriter | None = None
 
     # -- public ------------------------------------------------------------------------
 
@@ -520,7 +503,7 @@ class LiveCapture:
             raise InputError(f"cannot write {path}: {e.strerror or e}") from e
         self._file = f
         self._counting = _CountingFile(f)
-        w = _LiveWriter(self._counting)  # type: ignore[arg-type]
+        w = PcapngWriter(self._counting)  # type: ignore[arg-type]
         if index == 1 and self.key_log:
             w.secrets(self.key_log)
         w.interface(self.linktype, self.iface, self.snaplen)
@@ -733,7 +716,7 @@ def embed_key_log(src: str | Path, dst: str | Path, key_log: bytes) -> int:
                     w.secrets(merged)
                 for stype, data in reader.secrets:
                     if stype != SECRETS_TLS_KEY_LOG:
-                        _write_dsb(f, stype, data)
+                        w.secrets(data, stype)
                 if first is not None:
                     w.packet(*first)
                     n = 1
@@ -741,18 +724,13 @@ def embed_key_log(src: str | Path, dst: str | Path, key_log: bytes) -> int:
                         w.packet(ts, lt, data, wire)
                         n += 1
                 for stype, data in reader.secrets[known:]:
-                    _write_dsb(f, stype, data)
+                    w.secrets(data, stype)
         except OSError as e:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise InputError(f"cannot write {dst}: {e.strerror or e}") from e
     os.replace(tmp, dst)
     return n
-
-
-def _write_dsb(f: BinaryIO, stype: int, data: bytes) -> None:
-    body = struct.pack("<II", stype, len(data)) + data + b"\0" * (-len(data) % 4)
-    f.write(_pcapng_block(DSB, body))
 
 
 def _merge_key_logs(logs: list[bytes]) -> bytes:

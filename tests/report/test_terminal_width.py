@@ -64,3 +64,24 @@ def test_whole_report_fits_and_cuts_nothing(width: int, profile: bool) -> None:
     addresses = re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", " ".join(budget_headers))
     if not profile:
         assert len(set(addresses)) == 4, budget_headers
+
+
+GOLDEN_DIR = ROOT / "tests" / "data"
+
+
+@pytest.mark.parametrize("profile", [True, False], ids=["profile", "no-profile"])
+def test_golden_rendering_at_80_columns(profile: bool) -> None:
+    """The terminal report of the shipped capture at 80 columns, exactly (the file is
+    what an engineer sees; ``NETDIAG_UPDATE_GOLDEN=1`` rewrites it after an intended
+    change, as for the JSON baseline)."""
+    env = dict(os.environ, COLUMNS="80", NETDIAG_JOBS="1")
+    args = [] if profile else ["--no-profile"]
+    text = subprocess.run([sys.executable, "-m", "netdiag", "report",
+                           "captures/antho.pcapng", *args], capture_output=True, text=True,
+                          env=env, check=True, cwd=ROOT).stdout
+    golden = GOLDEN_DIR / f"antho.80col{'' if profile else '.no-profile'}.txt"
+    if os.environ.get("NETDIAG_UPDATE_GOLDEN") or not golden.exists():
+        golden.write_text(text, encoding="utf-8")
+        if not os.environ.get("NETDIAG_UPDATE_GOLDEN"):
+            pytest.fail(f"wrote the missing {golden.name}: check it and commit it")
+    assert text == golden.read_text(encoding="utf-8")
