@@ -33,7 +33,8 @@ from netdiag.protocols.http2 import Http2Analyzer
 from netdiag.protocols.resp import RESP_PORTS, RespAnalyzer, looks_like_resp
 from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
 from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
-from netdiag.records import DnsTransaction, Warning_
+from netdiag.protocols.tunnel import Tunnel, TunnelPicker
+from netdiag.records import Connection, DnsTransaction, Warning_
 from netdiag.result import CaptureFacts, Result, Sink
 
 __all__ = ["CaptureFacts", "Options", "Result", "Sink", "analyze", "export_pcapng",
@@ -101,6 +102,8 @@ class _Run:
         self._secrets_seen = 0
         self.client_randoms: set[bytes] = set()
         """ClientHello randoms of every TLS connection (for embedding their keys)."""
+        self._tunnels: dict[int, Tunnel] = {}
+        """The CONNECT tunnel of each connection that has one, by ``id`` of the connection."""
         self.summary = SummaryBuilder()
         self.limits = options.limits()
         """Caps over all connections and the hits of every cap (analyzers' included)."""
@@ -143,12 +146,35 @@ class _Run:
         elif first.startswith(H2_PREFACE[:14]):
             an = Http2Analyzer(protocol="h2c")
         elif first.startswith(HTTP1_METHODS):
-            an = Http1Analyzer()
+            an = Http1Analyzer(tunnel_picker=self._tunnel_picker(conn))
         elif _port(conn.server) in RESP_PORTS or looks_like_resp(first):
             an = RespAnalyzer()
         if an is not None:
             conn.protocol = an.protocol or an.kind
         return an
+
+    def _tunnel_picker(self, conn: Connection) -> TunnelPicker:
+        """How the bytes of a CONNECT tunnel on ``conn`` are read: as a connection of its
+        own would be (TLS, with keys when known; HTTP/2 prior knowledge; HTTP/1.x)."""
+
+        def pick(tunnel: Tunnel, first: bytes) -> StreamAnalyzer | None:
+            self._tunnels[id(conn)] = tunnel
+            if looks_like_tls(first):
+                self._sync_secrets()
+                tls: TlsAnalyzer | DecryptingTlsAnalyzer
+                if len(self.keylog):
+                    tls = DecryptingTlsAnalyzer(self.keylog, _app_for_tls)
+                else:
+                    tls = TlsAnalyzer()
+                conn.tls = tls.info
+                return tls
+            if first.startswith(H2_PREFACE[:14]):
+                return Http2Analyzer(protocol="h2c")
+            if first.startswith(HTTP1_METHODS):
+                return Http1Analyzer(tunnel_picker=self._tunnel_picker(conn))
+            return None
+
+        return pick
 
     def _sync_secrets(self) -> None:
         """Add TLS key-log secrets from pcapng decryption-secrets blocks read so far."""
@@ -176,6 +202,9 @@ class _Run:
             if protocol is not None:
                 conn.protocol = protocol
             conn.http2 = an.http2
+            tunnel = self._tunnels.pop(id(conn), None)
+            if tunnel is not None:
+                conn.tunnel = tunnel.to_json()
             hits = an.limits_hit
             if hits:
                 self.limits.add(hits)

@@ -322,6 +322,10 @@ class Connection:
     http2: dict[str, Any] | None = None
     """HTTP/2 connection facts where decoded: ``{max_concurrent_streams, settings:
     {client, server}, goaway, rst_streams, flow_control_stalls}``."""
+    tunnel: dict[str, Any] | None = None
+    """An accepted HTTP ``CONNECT`` on this (proxy) connection: ``{authority, protocol,
+    requests}``; the tunnelled requests follow the CONNECT request in ``requests``, the
+    tunnelled TLS handshake is ``tls``. None without a tunnel (and then not in JSON)."""
 
     def to_json(self, with_requests: bool = True, headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -338,6 +342,8 @@ class Connection:
             "tls": None if self.tls is None else self.tls.to_json(),
             "protocol": self.protocol, "path": self.path, "http2": self.http2,
         }
+        if self.tunnel is not None:
+            out["tunnel"] = self.tunnel
         if with_requests:
             out["requests"] = [r.to_json(headers=headers) for r in self.requests]
         return out

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 need=""
 for pkg_cmd in tshark:tshark tcpdump:tcpdump redis-server:redis-server chromium:chromium \
-        iproute2:ip nginx:nginx; do
+        iproute2:ip nginx:nginx tinyproxy:tinyproxy; do
     command -v "${pkg_cmd#*:}" >/dev/null || need="$need ${pkg_cmd%%:*}"
 done
 if [ -n "$need" ]; then

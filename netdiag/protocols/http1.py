@@ -59,6 +59,7 @@ from typing import Any
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.sse import SseCounter, is_event_stream
+from netdiag.protocols.tunnel import Tunnel, TunnelPicker
 from netdiag.records import Request
 
 MAX_HEAD = 64 * 1024
@@ -91,6 +92,7 @@ _TRAILER = 6  # trailer lines after the last chunk
 _HELD = 7  # client bytes held until an Upgrade/CONNECT is answered
 _H2 = 8  # handed to the HTTP/2 analyzer
 _STOPPED = 9  # not parsed any more (error, tunnel, end of connection)
+_TUNNEL = 10  # the bytes of an accepted CONNECT go to the tunnel's analyzer
 
 _NAMES = ("client", "server")
 
@@ -139,8 +141,12 @@ class _Side:
 class Http1Analyzer:
     """HTTP/1.0 and HTTP/1.1 over one connection (see the module docstring)."""
 
-    def __init__(self, *, tls: bool = False) -> None:
+    def __init__(self, *, tls: bool = False, tunnel_picker: TunnelPicker | None = None) -> None:
         self._tls = tls
+        self._tunnel_picker = tunnel_picker
+        """Chooses the analyzer of a CONNECT tunnel's bytes; None: tunnels are not read."""
+        self.tunnel: Tunnel | None = None
+        """The accepted CONNECT tunnel, analysed as the connection it carries."""
         self._client = _Side(0)
         self._server = _Side(1)
         self._sides = (self._client, self._server)
@@ -179,6 +185,8 @@ class Http1Analyzer:
         if self._dropped:
             dropped = self._dropped
             own = [r for r in own if id(r) not in dropped]
+        if self.tunnel is not None:
+            return own + self.tunnel.requests
         if self._h2 is None:
             return list(own)
         up = self._upgrade_req
@@ -186,22 +194,29 @@ class Http1Analyzer:
 
     @property
     def warnings(self) -> list[str]:
-        if self._h2 is None:
-            return list(self._warnings)
-        return self._warnings + list(self._h2.warnings)
+        out = list(self._warnings)
+        if self._h2 is not None:
+            out += self._h2.warnings
+        if self.tunnel is not None:
+            out += self.tunnel.warnings
+        return out
 
     @property
     def http2(self) -> dict[str, Any] | None:
+        if self.tunnel is not None:
+            return self.tunnel.http2
         return None if self._h2 is None else self._h2.http2
 
     @property
     def limits_hit(self) -> dict[str, int]:
         """Caps reached on this connection, by kind (:data:`LIMIT_PENDING`,
         :data:`LIMIT_HELD`, and after an h2c upgrade the HTTP/2 ones); empty when none was."""
-        if self._h2 is None or not self._h2.limits_hit:
+        inner = (self._h2.limits_hit if self._h2 is not None else {}) or (
+            self.tunnel.limits_hit if self.tunnel is not None else {})
+        if not inner:
             return self._limits
         merged = dict(self._limits)
-        for k, v in self._h2.limits_hit.items():
+        for k, v in inner.items():
             merged[k] = merged.get(k, 0) + v
         return merged
 
@@ -218,8 +233,9 @@ class Http1Analyzer:
 
     @property
     def client_random(self) -> bytes | None:
-        """None: the TLS layer, if any, is not this analyzer's."""
-        return None
+        """The ClientHello random of TLS inside a CONNECT tunnel; else None (the TLS
+        layer around this analyzer, if any, is not this analyzer's)."""
+        return self.tunnel.client_random if self.tunnel is not None else None
 
     def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
         if not data or self._closed:
@@ -237,6 +253,8 @@ class Http1Analyzer:
         st = side.state
         if st == _H2:
             self._h2.gap(direction, ts_ns, nbytes)
+        elif st == _TUNNEL and self.tunnel is not None:
+            self.tunnel.gap(direction, ts_ns, nbytes)
         elif st == _STOPPED:
             return
         elif st == _HELD:
@@ -290,7 +308,7 @@ class Http1Analyzer:
             self._warn(f"the connection ended inside the request {_label(cli.req)}")
         elif cli.state == _HEAD and cli.buf:
             self._warn("the connection ended inside a request header section")
-        if (self._fifo or self._skip) and srv.state not in (_STOPPED, _H2):
+        if (self._fifo or self._skip) and srv.state not in (_STOPPED, _H2, _TUNNEL):
             n = len(self._fifo) + self._skip
             first = ("one no longer followed" if self._skip else _label(self._fifo[0]))
             self._warn(f"{n} request{'s' if n > 1 else ''} got no complete response "
@@ -305,6 +323,8 @@ class Http1Analyzer:
             side.held_len = 0
         if self._h2 is not None:
             self._h2.close(ts_ns)
+        if self.tunnel is not None:
+            self.tunnel.close(ts_ns)
 
     # -- the state machine ------------------------------------------------------------
 
@@ -362,6 +382,9 @@ class Http1Analyzer:
                 pos = n
             elif st == _H2:
                 self._h2.feed(side.direction, ts, data if pos == 0 else data[pos:], packet)
+                pos = n
+            elif st == _TUNNEL and self.tunnel is not None:
+                self.tunnel.feed(side.direction, ts, data if pos == 0 else data[pos:], packet)
                 pos = n
             else:
                 return
@@ -635,10 +658,12 @@ class Http1Analyzer:
             if is_event_stream(req.content_type):
                 side.sse = SseCounter()
         if method == "CONNECT" and code < 300:
+            if self._tunnel_picker is not None and req is not None and self.tunnel is None:
+                self.tunnel = Tunnel(self._tunnel_picker, req.authority)
             self._decide(req, "tunnel")
             side.body = 0
             self._end_message(side, ts)
-            side.state = _STOPPED
+            side.state = _TUNNEL if self.tunnel is not None else _STOPPED
             return
         if req is not None and req is self._wait_req:
             self._decide(req, None)
@@ -697,17 +722,20 @@ class Http1Analyzer:
 
     def _apply_switch(self, cli: _Side, switch: str) -> None:
         cli.buf = bytearray()
+        inner: Any = (self._h2 if switch == "h2" else
+                      self.tunnel if switch == "tunnel" else None)
+        state = _H2 if switch == "h2" else _TUNNEL
         if self._releasing:  # the release loop feeds the rest in the new state
-            cli.state = _H2 if switch == "h2" and self._h2 is not None else _STOPPED
+            cli.state = state if inner is not None else _STOPPED
             return
         held, cli.held, cli.held_len = cli.held, deque(), 0
-        if switch == "h2" and self._h2 is not None:
-            cli.state = _H2
+        if inner is not None:
+            cli.state = state
             for ts, data, x in held:
                 if data is None:
-                    self._h2.gap(0, ts, x)
+                    inner.gap(0, ts, x)
                 else:
-                    self._h2.feed(0, ts, data, x)
+                    inner.feed(0, ts, data, x)
         else:
             cli.state = _STOPPED
 
