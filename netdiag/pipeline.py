@@ -134,7 +134,18 @@ class _Run:
         an: StreamAnalyzer | None = None
         if _port(conn.server) in ports or _port(conn.client) in ports:
             an = self.dns.tcp_stream(conn.client, conn.server)
-        elif looks_like_tls(first):
+        else:
+            an = self._stream_analyzer(conn, first)
+            if an is None and (_port(conn.server) in RESP_PORTS or looks_like_resp(first)):
+                an = RespAnalyzer()
+        if an is not None:
+            conn.protocol = an.protocol or an.kind
+        return an
+
+    def _stream_analyzer(self, conn: Connection, first: bytes) -> StreamAnalyzer | None:
+        """TLS (with keys when known), HTTP/2 with prior knowledge or HTTP/1.x, from the
+        client's first bytes; None for anything else."""
+        if looks_like_tls(first):
             self._sync_secrets()
             tls: TlsAnalyzer | DecryptingTlsAnalyzer
             if len(self.keylog):
@@ -142,16 +153,12 @@ class _Run:
             else:
                 tls = TlsAnalyzer()
             conn.tls = tls.info
-            an = tls
-        elif first.startswith(H2_PREFACE[:14]):
-            an = Http2Analyzer(protocol="h2c")
-        elif first.startswith(HTTP1_METHODS):
-            an = Http1Analyzer(tunnel_picker=self._tunnel_picker(conn))
-        elif _port(conn.server) in RESP_PORTS or looks_like_resp(first):
-            an = RespAnalyzer()
-        if an is not None:
-            conn.protocol = an.protocol or an.kind
-        return an
+            return tls
+        if first.startswith(H2_PREFACE[:14]):
+            return Http2Analyzer(protocol="h2c")
+        if first.startswith(HTTP1_METHODS):
+            return Http1Analyzer(tunnel_picker=self._tunnel_picker(conn))
+        return None
 
     def _tunnel_picker(self, conn: Connection) -> TunnelPicker:
         """How the bytes of a CONNECT tunnel on ``conn`` are read: as a connection of its
@@ -159,20 +166,7 @@ class _Run:
 
         def pick(tunnel: Tunnel, first: bytes) -> StreamAnalyzer | None:
             self._tunnels[id(conn)] = tunnel
-            if looks_like_tls(first):
-                self._sync_secrets()
-                tls: TlsAnalyzer | DecryptingTlsAnalyzer
-                if len(self.keylog):
-                    tls = DecryptingTlsAnalyzer(self.keylog, _app_for_tls)
-                else:
-                    tls = TlsAnalyzer()
-                conn.tls = tls.info
-                return tls
-            if first.startswith(H2_PREFACE[:14]):
-                return Http2Analyzer(protocol="h2c")
-            if first.startswith(HTTP1_METHODS):
-                return Http1Analyzer(tunnel_picker=self._tunnel_picker(conn))
-            return None
+            return self._stream_analyzer(conn, first)
 
         return pick
 
