@@ -196,24 +196,48 @@ class PathBudget:
 
 def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTransaction],
                   chains: Chains, profile: Profile | None = None) -> dict[str, PathBudget]:
-    """One :class:`PathBudget` per path named in ``conn.path`` (after ``attribute``)."""
-    budgets: dict[str, PathBudget] = {}
+    """One :class:`PathBudget` per path named in ``conn.path`` (after ``attribute``), in
+    four steps: what each hop served, the client requests each path starts with, which
+    of their chains are complete, and the per-hop times of those."""
+    budgets = _Budgets(profile)
+    _hop_statistics(budgets, connections)
+    client_conns, complete = _client_roots(budgets, chains)
+    _keep_complete_chains(budgets.all, chains, complete)
+    for name, b in budgets.all.items():
+        whole = {id(r) for r in complete.get(name, [])}
+        for root in b.roots:
+            _hop_figures(b, chains, root, id(root) in whole)
+    _finish(budgets.all, client_conns, dns_records)
+    return budgets.all
 
-    def budget(name: str, inferred: bool) -> PathBudget:
-        b = budgets.get(name)
+
+class _Budgets:
+    """The budgets being built, one per path name, with the profile's hop order."""
+
+    def __init__(self, profile: Profile | None) -> None:
+        self.profile = profile
+        self.all: dict[str, PathBudget] = {}
+
+    def of(self, c: Connection) -> PathBudget:
+        """The budget of ``c``'s path (``c.path`` is set), made on first use."""
+        assert c.path is not None
+        name = c.path["name"]
+        b = self.all.get(name)
         if b is None:
-            b = budgets[name] = PathBudget(name, inferred)
-            pdef = profile.path(name) if profile is not None else None
+            b = self.all[name] = PathBudget(name, bool(c.path.get("inferred")))
+            pdef = self.profile.path(name) if self.profile is not None else None
             if pdef is not None:
                 b.hop_order = list(pdef.hops)
                 b.origin_hop = pdef.origin_hop
         return b
 
-    # hop statistics: every connection of the path, grouped by hop
+
+def _hop_statistics(budgets: _Budgets, connections: Sequence[Connection]) -> None:
+    """Every connection of a path, grouped by hop: servers, connections, requests."""
     for c in connections:
         if c.path is None:
             continue
-        b = budget(c.path["name"], bool(c.path.get("inferred")))
+        b = budgets.of(c)
         b.inferred = b.inferred and bool(c.path.get("inferred"))
         h = b.hop(c.path["hop"])
         if c.server not in h.servers:
@@ -224,6 +248,13 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
             if len(c.requests) == 1:
                 h.single_request.append(c.id)
 
+
+def _client_roots(budgets: _Budgets, chains: Chains
+                  ) -> tuple[dict[str, dict[str, Connection]], dict[str, list[Node]]]:
+    """The client requests of each path (chain roots at its first hop) with their
+    end-to-end figures; returns the client connections per path and the linked chains
+    that are not ambiguous."""
+    profile = budgets.profile
     client_conns: dict[str, dict[str, Connection]] = defaultdict(dict)
     upstream_conns = {n.conn.id for n in chains.nodes.values() if n.parent is not None}
     complete: dict[str, list[Node]] = defaultdict(list)
@@ -231,7 +262,7 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         c = root.conn
         if c.path is None:
             continue
-        b = budget(c.path["name"], bool(c.path.get("inferred")))
+        b = budgets.of(c)
         pdef = profile.path(b.name) if profile is not None else None
         first_hop = pdef.hops[0] if pdef is not None else (
             "edge" if b.name.startswith("via ") else c.path["hop"])
@@ -263,9 +294,14 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         tr = _ms(r.first_byte_ns, r.last_byte_ns)
         if tr is not None:
             b.transfer.append(tr)
+    return client_conns, complete
 
-    # per-hop figures only from chains that reached the hops the path's chains usually
-    # reach (a chain that lost its origin call would give its router the origin's time)
+
+def _keep_complete_chains(budgets: dict[str, PathBudget], chains: Chains,
+                          complete: dict[str, list[Node]]) -> None:
+    """Per-hop figures only from chains that reached the hops the path's chains usually
+    reach (a chain that lost its origin call would give its router the origin's time);
+    a single-hop path's every request is complete."""
     for name, b in budgets.items():
         if not b.multi_hop:
             continue
@@ -285,14 +321,6 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
             continue
         complete[b.name] = list(b.roots)
         b.linked = len(b.roots)
-
-    for name, b in budgets.items():
-        whole = {id(r) for r in complete.get(name, [])}
-        for root in b.roots:
-            _hop_figures(b, chains, root, id(root) in whole)
-
-    _finish(budgets, client_conns, dns_records)
-    return budgets
 
 
 PROXY_USUAL_SHARE = 0.8
