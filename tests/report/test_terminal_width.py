@@ -85,3 +85,16 @@ def test_golden_rendering_at_80_columns(profile: bool) -> None:
         if not os.environ.get("NETDIAG_UPDATE_GOLDEN"):
             pytest.fail(f"wrote the missing {golden.name}: check it and commit it")
     assert text == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("profile", [True, False])
+def test_terms_said_once_at_the_end(profile: bool) -> None:
+    env = dict(os.environ, COLUMNS="200", NETDIAG_JOBS="1")
+    args = [] if profile else ["--no-profile"]
+    text = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO), *args],
+                          capture_output=True, text=True, env=env, check=True,
+                          cwd=ROOT).stdout
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("Terms: ") and text.count("Terms: ") == 1
+    assert "h2c is HTTP/2 without TLS" in last  # the shipped capture has h2c hops
+    assert ("(inferred) path" in last) is (not profile)
