@@ -6,11 +6,13 @@ one), so that neither imports the other.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from netdiag.analysis.findings import Thresholds
 from netdiag.analysis.summary import SummaryBuilder
+from netdiag.contract import CaptureJson, Summary
 from netdiag.records import Connection, DnsTransaction, Finding, Warning_, ns_to_ts
 from netdiag.tls.keylog import KeyLog
 
@@ -41,7 +43,7 @@ class CaptureFacts:
     truncated: bool = False
     warnings: list[Warning_] = field(default_factory=list)
     warnings_dropped: int = 0
-    secrets: list[tuple[int, bytes]] = field(default_factory=list)
+    secrets: list[tuple[int, builtins.bytes]] = field(default_factory=list)
     undecoded: int = 0
     limits_hit: dict[str, int] = field(default_factory=dict)
     """Times each cap on the analysis state was reached (``netdiag.limits``)."""
@@ -55,7 +57,7 @@ class CaptureFacts:
         else:
             self.warnings_dropped += 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CaptureJson:
         return {
             "files": self.files, "packets": self.packets, "bytes": self.bytes,
             "first_ts": ns_to_ts(self.first_ns), "last_ts": ns_to_ts(self.last_ns),
@@ -82,5 +84,5 @@ class Result:
     keylog: KeyLog | None = None
     """Every secret known at the end (options and decryption-secrets blocks)."""
 
-    def summary_json(self) -> dict[str, Any]:
+    def summary_json(self) -> Summary:
         return self.summary.build()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+
+from netdiag.contract import Percentiles
 
 PERCENTILE_KEYS = ("count", "min", "p50", "p90", "p99", "max", "mean")
 BOOTSTRAP_RESAMPLES = 2000
@@ -35,7 +36,7 @@ def ms_figure(x: float) -> float:
     return round(x, MS_DECIMALS)
 
 
-def percentiles(values: Sequence[float | None]) -> dict[str, Any]:
+def percentiles(values: Sequence[float | None]) -> Percentiles:
     """``{count, min, p50, p90, p99, max, mean}`` of the non-null values; nulls when empty.
     Figures are rounded by :func:`ms_figure` (every caller passes milliseconds or
     counts)."""

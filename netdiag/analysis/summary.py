@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netdiag.analysis.stats import percentiles
+from netdiag.contract import Summary
 from netdiag.records import Connection, DnsTransaction, Request, ns_to_ms
 
 TOP_K = 10
@@ -210,7 +211,7 @@ class SummaryBuilder:
             return None
         return (self.http_requests - self.http_connections) / self.http_requests
 
-    def build(self) -> dict[str, Any]:
+    def build(self) -> Summary:
         """The contract's ``summary`` object."""
         return {
             "dns": {

@@ -6,6 +6,7 @@ import json
 from typing import IO, Any
 
 from netdiag import CONTRACT_VERSION, __version__
+from netdiag.contract import Document
 from netdiag.records import Connection, DnsTransaction
 from netdiag.result import Result
 
@@ -36,7 +37,7 @@ class CollectingSink:
     def connection(self, c: Connection) -> None:
         self.connections.append(c)
 
-    def document(self, result: Result, headers: bool = False) -> dict[str, Any]:
+    def document(self, result: Result, headers: bool = False) -> Document:
         """The contract's single JSON object (``headers``: decoded HTTP headers too)."""
         self.dns_records.sort(key=lambda t: (t.ts_ns, t.id))
         self.connections.sort(key=_conn_order)

@@ -1,0 +1,122 @@
+"""The JSON report's shape (``../shared/docs/CONTRACT.md``) as types, where it is built.
+
+The builders (``SummaryBuilder.build``, ``CaptureFacts.to_json``,
+``CollectingSink.document``, ``percentiles``) return these instead of
+``dict[str, Any]``, so that mypy checks each field's name and type where the document
+is made. They are plain dicts at run time: nothing changes in the output. Records
+(``dns[]``, ``connections[]``, ``requests[]``, ``findings[]``) keep the ``to_json`` of
+their dataclasses in ``netdiag/records.py``, whose fields are the contract's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class Percentiles(TypedDict):
+    """``{count, min, p50, p90, p99, max, mean}``; all but count null when empty."""
+
+    count: int
+    min: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+    mean: float | None
+
+
+class DnsSummary(TypedDict):
+    transactions: int
+    answered: int
+    unanswered: int
+    latency_ms: Percentiles
+    retransmissions: int
+    duplicate_responses: int
+    rcodes: dict[str, int]
+
+
+class TcpSummary(TypedDict):
+    connections: int
+    handshake_rtt_ms: Percentiles
+    retransmissions: int
+    resets: int
+    reset_connections: int
+    lost_bytes: int
+
+
+class TlsSummary(TypedDict):
+    handshakes: int
+    handshake_ms: Percentiles
+    resumed: int
+    hello_retry: int
+    versions: dict[str, int]
+    alpn: dict[str, int]
+    decrypted: int
+
+
+class StreamingSummary(TypedDict):
+    responses: int
+    first_event_ms: Percentiles
+    gap_ms: Percentiles
+    longest_stall_ms: float | None
+
+
+class HttpSummary(TypedDict):
+    requests: int
+    connections: int
+    reuse_rate: float | None
+    requests_per_connection: Percentiles
+    ttfb_ms: Percentiles
+    ttlb_ms: Percentiles
+    protocols: dict[str, int]
+    estimated: bool
+    estimated_requests: int
+    streaming: StreamingSummary
+
+
+class RespSummary(TypedDict):
+    connections: int
+    commands: int
+    by_command: dict[str, int]
+    errors: int
+    latency_ms: Percentiles
+
+
+class Summary(TypedDict):
+    """The document's ``summary``."""
+
+    dns: DnsSummary
+    tcp: TcpSummary
+    tls: TlsSummary
+    http: HttpSummary
+    resp: RespSummary
+    paths: dict[str, Any]
+
+
+class CaptureJson(TypedDict):
+    """The document's ``capture``."""
+
+    files: list[str]
+    packets: int
+    bytes: int
+    first_ts: float | None
+    last_ts: float | None
+    duration_ms: float | None
+    link_types: list[str]
+    truncated: bool
+    warnings: list[dict[str, Any]]
+    warnings_dropped: int
+    undecoded_packets: int
+    limits_hit: dict[str, int]
+
+
+class Document(TypedDict):
+    """The whole JSON report (``--format json``)."""
+
+    contract: int
+    netdiag_version: str
+    capture: CaptureJson
+    summary: Summary
+    dns: list[dict[str, Any]]
+    connections: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
