@@ -74,7 +74,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,11 +84,15 @@ from netdiag.analysis.summary import SummaryBuilder
 from netdiag.engines.tsjson import (
     Node,
     TsharkRun,
+    dns_messages,
     epoch_ns,
     find_all,
     find_first,
     has_key,
+    hex_bytes,
+    http2_frames,
     require_tshark,
+    segment_frames,
     to_int,
     tshark_version,
     walk,
@@ -186,7 +190,6 @@ def _packet(layers: Node) -> _Pkt | None:
     pkt = _Pkt(number, epoch_ns(epoch), to_int(frame_l.get("frame.cap_len")) or 0,
                to_int(frame_l.get("frame.encap_type")))
     ip_src = ip_dst = None
-    pending: list[int] = []
     h2_in_layer: dict[int, tuple[int, int]] = {}
     for key, value in layers:
         if not isinstance(value, Node):
@@ -204,14 +207,9 @@ def _packet(layers: Node) -> _Pkt | None:
         elif key in ("icmp", "icmpv6"):
             pkt.icmp = True
         elif key == "tcp.segments":
-            pending = [n for n in map(to_int, find_all(value, "tcp.segment")) if n is not None]
-            pkt.tcp_segments = pending
+            pkt.tcp_segments = segment_frames(value, "tcp")
         elif key == "tls.segments":
-            pkt.tls_segments = [n for n in map(to_int, find_all(value, "tls.segment"))
-                                if n is not None]
-        elif key == "dns":
-            pkt.dns.append((value, pending))
-            pending = []
+            pkt.tls_segments = segment_frames(value, "tls")
         elif key == "tls":
             pkt.tls_layers += 1
             for rkey, rec in value:
@@ -223,16 +221,15 @@ def _packet(layers: Node) -> _Pkt | None:
         elif key == "http":
             pkt.msgs.append(_Msg("http", value, pkt.tls_layers, not pkt.msgs))
         elif key == "http2":
-            for fkey, fnode in value:
-                if fkey == "http2.magic":
-                    pkt.magic = True
-                elif fkey == "http2.stream" and isinstance(fnode, Node) \
-                        and fnode.get("http2.type") is not None:
-                    count, size = h2_in_layer.get(pkt.tls_layers, (0, 0))
-                    pkt.msgs.append(_Msg("http2", fnode, pkt.tls_layers, not pkt.msgs,
-                                         count, size))
-                    length = to_int(fnode.get("http2.length")) or 0
-                    h2_in_layer[pkt.tls_layers] = (count + 1, size + 9 + length)
+            magic, frames = http2_frames(value)
+            pkt.magic = pkt.magic or magic
+            for fnode in frames:
+                count, size = h2_in_layer.get(pkt.tls_layers, (0, 0))
+                pkt.msgs.append(_Msg("http2", fnode, pkt.tls_layers, not pkt.msgs,
+                                     count, size))
+                length = to_int(fnode.get("http2.length")) or 0
+                h2_in_layer[pkt.tls_layers] = (count + 1, size + 9 + length)
+    pkt.dns = dns_messages(layers)
     if ip_src is not None and pkt.sport is not None:
         pkt.src = endpoint(str(ip_src), pkt.sport)
         pkt.dst = endpoint(str(ip_dst), pkt.dport or 0)
@@ -253,9 +250,7 @@ def _tcp_fields(pkt: _Pkt, tcp: Node) -> None:
                                    "tcp.analysis.spurious_retransmission"})
         pkt.out_of_order = "tcp.analysis.out_of_order" in keys
         pkt.initial_rtt = "tcp.analysis.initial_rtt" in keys
-    payload = tcp.get("tcp.payload")
-    if isinstance(payload, str) and payload:
-        pkt.payload = bytes.fromhex(payload.replace(":", ""))
+    pkt.payload = hex_bytes(tcp.get("tcp.payload"))
 
 
 # ----------------------------------------------------------------------------- DNS
@@ -265,6 +260,12 @@ def _qname(name: str) -> str:
     if name in ("<Root>", "<root>", ""):
         return "."
     return name.rstrip(".") or "."
+
+
+def dns_decode_rules(ports: Iterable[int]) -> list[str]:
+    """tshark ``-d`` rules decoding ``ports`` (besides 53) as DNS, over UDP and TCP."""
+    return [f"{t}.port=={port},dns" for port in sorted(set(ports) - {53})
+            for t in ("udp", "tcp")]
 
 
 def _type_text(code: int) -> str:
@@ -471,7 +472,8 @@ TLS_VERSIONS = {0x0300: "SSL 3.0", 0x0301: "TLS 1.0", 0x0302: "TLS 1.1", 0x0303:
                 0x0304: "TLS 1.3"}
 
 
-def _version_name(code: int | None) -> str | None:
+def version_name(code: int | None) -> str | None:
+    """``0x0303`` -> ``"TLS 1.2"`` (unknown codes in hex)."""
     if code is None:
         return None
     return TLS_VERSIONS.get(code, f"0x{code:04x}")
@@ -612,14 +614,14 @@ def _tls(st: _Stream) -> tuple[TlsInfo | None, dict[str, Any]]:
                         with contextlib.suppress(ValueError):
                             info.client_random = bytes.fromhex(rnd.replace(":", ""))
                     info.session_ticket_offered = _ticket_offered(hs)
-            elif htype == 2 and v.side == "server" and _is_hrr(hs):
+            elif htype == 2 and v.side == "server" and is_hrr(hs):
                 info.hello_retry = True
             elif htype == 2 and v.side == "server" and not sh_seen:
                 sh_seen = True
                 frames["server_hello"] = v.done.frame
                 version = to_int(find_first(hs, "tls.handshake.extensions.supported_version")
                                  or hs.get("tls.handshake.version"))
-                info.version = _version_name(version)
+                info.version = version_name(version)
                 suite = to_int(hs.get("tls.handshake.ciphersuite"))
                 if suite is not None:
                     from netdiag.tls.names import cipher_name
@@ -681,7 +683,8 @@ def _tls(st: _Stream) -> tuple[TlsInfo | None, dict[str, Any]]:
     return info, frames
 
 
-def _is_hrr(hs: Node) -> bool:
+def is_hrr(hs: Node) -> bool:
+    """A ServerHello handshake node that is a HelloRetryRequest (its random)."""
     rnd = (find_first(hs, "tls.handshake.random") or "").replace(":", "").lower()
     return rnd == HRR_RANDOM
 
@@ -712,7 +715,8 @@ class _Req:
     event_times: list[int] = field(default_factory=list)
 
 
-def _final(status: int | None) -> bool:
+def final_status(status: int | None) -> bool:
+    """A final (non-1xx) status."""
     return status is not None and not 100 <= status < 200
 
 
@@ -860,7 +864,7 @@ class _Http:
                         r.frames["response_how"] = pos.how
                     if not r.final:
                         req.status = code
-                        r.final = _final(code)
+                        r.final = final_status(code)
                         if r.final or code == 101:
                             req.last_byte_ns = p.ts
                             r.frames["last"] = p.frame
@@ -937,7 +941,7 @@ class _Http:
                     status = to_int(find_first(node, "http2.headers.status"))
                     if status is not None and not r.final:
                         req.status = status
-                        r.final = _final(status)
+                        r.final = final_status(status)
                         ctype = _h2_header(node, "content-type")
                         if ctype is not None:
                             req.content_type = ctype
@@ -1110,8 +1114,7 @@ def tshark_analysis(paths: list[str], keylog_path: str | Sequence[str] | None = 
         prefs = {"tcp.reassemble_out_of_order": "TRUE"}
         if keylog is not None:
             prefs["tls.keylog_file"] = keylog
-        decode = [f"{t}.port=={port},dns" for port in sorted(dns_ports - {53})
-                  for t in ("udp", "tcp")]
+        decode = dns_decode_rules(dns_ports)
         run = TsharkRun(exe, capture, prefs=prefs, decode_as=decode, extra_args=extra_args)
         pkts = [p for p in map(_packet, run) if p is not None]
     command = [("tls.keylog_file:KEYLOG" if keylog and a == f"tls.keylog_file:{keylog}"

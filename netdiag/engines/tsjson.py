@@ -104,6 +104,52 @@ def nodes_with(value: Any, key: str) -> Iterator[Node]:
             yield from nodes_with(v, key)
 
 
+def segment_frames(value: Any, kind: str) -> list[int]:
+    """The frame numbers of a ``tcp.segments`` (``kind`` ``"tcp"``) or ``tls.segments``
+    (``"tls"``) list, in order."""
+    return [n for n in map(to_int, find_all(value, f"{kind}.segment")) if n is not None]
+
+
+def dns_messages(layers: Node) -> list[tuple[Node, list[int]]]:
+    """Each ``dns`` layer of a packet's ``layers``, with the frames of the
+    ``tcp.segments`` list that reassembled it (the one just before it; empty if none)."""
+    out: list[tuple[Node, list[int]]] = []
+    pending: list[int] = []
+    for key, value in layers:
+        if not isinstance(value, Node):
+            continue
+        if key == "tcp.segments":
+            pending = segment_frames(value, "tcp")
+        elif key == "dns":
+            out.append((value, pending))
+            pending = []
+    return out
+
+
+def hex_bytes(value: Any) -> bytes:
+    """A bytes field (``"16:03:01"``) as bytes; ``b""`` when absent or not hex."""
+    if not isinstance(value, str) or not value:
+        return b""
+    try:
+        return bytes.fromhex(value.replace(":", ""))
+    except ValueError:
+        return b""
+
+
+def http2_frames(layer: Node) -> tuple[bool, list[Node]]:
+    """Whether an ``http2`` layer carries the client preface (``http2.magic``), and its
+    frames in order (the ``http2.stream`` objects with an ``http2.type``)."""
+    magic = False
+    frames: list[Node] = []
+    for key, node in layer:
+        if key == "http2.magic":
+            magic = True
+        elif key == "http2.stream" and isinstance(node, Node) \
+                and node.get("http2.type") is not None:
+            frames.append(node)
+    return magic, frames
+
+
 def to_int(value: Any) -> int | None:
     """``"12"``, ``"0x0c"`` -> 12; anything else -> None."""
     if not isinstance(value, str):

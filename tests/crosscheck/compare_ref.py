@@ -69,15 +69,13 @@ class Skip:
     reason: str
 
 
-@dataclass
-class Outcome:
-    """Every comparison made for one capture."""
+class Tally:
+    """Counts over a capture's ``items`` and ``skips`` (of :class:`Outcome` and
+    http_ref.py's ``HttpOutcome``)."""
 
     spec: CaptureSpec
-    ref: Reference
-    doc: dict[str, Any]
-    items: list[Item] = field(default_factory=list)
-    skips: list[Skip] = field(default_factory=list)
+    items: list[Item]
+    skips: list[Skip]
 
     def compared(self, kind: str) -> int:
         return sum(1 for i in self.items if i.kind == kind)
@@ -87,6 +85,22 @@ class Outcome:
 
     def skipped(self, kind: str) -> int:
         return sum(1 for s in self.skips if s.kind == kind)
+
+    def failures(self, kind: str | None = None) -> list[str]:
+        """One line per item that disagreed (of ``kind``, or of every kind)."""
+        return [f"{self.spec.name}: {i.desc}: " + "; ".join(i.problems)
+                for i in self.items if (kind is None or i.kind == kind) and not i.agreed]
+
+
+@dataclass
+class Outcome(Tally):
+    """Every comparison made for one capture."""
+
+    spec: CaptureSpec
+    ref: Reference
+    doc: dict[str, Any]
+    items: list[Item] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
 
     def reference_items(self, kind: str) -> int:
         """How many items tshark has of this kind (compared or not)."""
@@ -101,10 +115,6 @@ class Outcome:
             return sum(1 for t in self.ref.tcp
                        if t.initial_rtt_ms is not None and not t.syn_retransmitted)
         return len(self.ref.tls)
-
-    def failures(self, kind: str) -> list[str]:
-        return [f"{self.spec.name}: {i.desc}: " + "; ".join(i.problems)
-                for i in self.items if i.kind == kind and not i.agreed]
 
 
 # ----------------------------------------------------------------------------- netdiag
@@ -185,7 +195,7 @@ class _Pool:
         return rec
 
 
-def _conn_key(rec: dict[str, Any]) -> tuple:
+def _conn_key(rec: dict[str, Any]) -> tuple[str, str]:
     return norm_endpoint(str(rec.get("client"))), norm_endpoint(str(rec.get("server")))
 
 

@@ -3,11 +3,12 @@
 netdiag's hop figures (netdiag/paths/chains.py: ``wait``, ``setup`` and ``own`` time
 of every hop of a chain) and its request, connection and DNS timings are cross-checked
 here against tshark's frame times of the same packets, never against a delay a lab
-injected nor a server's own clock. Nothing of netdiag is used to build the reference;
-only tshark (Debian's 4.0, TSHARK.md), driven the way tshark_ref.py and http_ref.py
-drive it: one run per capture, ``-n -2 -o tcp.reassemble_out_of_order:TRUE``, the key
-log if one is given (``-o tls.keylog_file:KEYS``; a pcapng with a decryption-secrets
-block decrypts without it), ``-T json`` parsed keeping duplicate keys in order.
+injected nor a server's own clock. Nothing of netdiag's analysis is used to build the
+reference; only tshark (Debian's 4.0, TSHARK.md), driven the way tshark_ref.py and
+http_ref.py drive it (:func:`tshark_ref.tshark_layers`, the tshark engine's plumbing):
+one run per capture, ``-n -2 -o tcp.reassemble_out_of_order:TRUE``, the key log if one
+is given (``-o tls.keylog_file:KEYS``; a pcapng with a decryption-secrets block
+decrypts without it), ``-T json`` parsed keeping duplicate keys in order.
 
 Keys and units
 --------------
@@ -107,9 +108,6 @@ CAPTURE [KEYS]``.
 from __future__ import annotations
 
 import functools
-import json
-import shlex
-import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -119,14 +117,26 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tshark_ref import (
-    TIMEOUT_S,
-    Node,
     endpoint,
-    find_all,
-    find_first,
     norm_endpoint,
+    tshark_layers,
     tshark_path,
 )
+
+from netdiag.engines.tshark import H2_DATA, H2_HEADERS, TLS_VERSIONS, dns_decode_rules
+from netdiag.engines.tshark import H2_RST_STREAM as H2_RST
+from netdiag.engines.tshark import final_status as _final
+from netdiag.engines.tsjson import (
+    Node,
+    find_all,
+    find_first,
+    hex_bytes,
+    http2_frames,
+    segment_frames,
+    to_int,
+    walk,
+)
+from netdiag.engines.tsjson import epoch_ns as parse_epoch_ns
 
 ReqKey = tuple[str, str, int]
 """``(client endpoint, server endpoint, HTTP/2 stream id or 0-based ordinal)``."""
@@ -138,13 +148,6 @@ JSON_PROTOCOLS = "frame ip ipv6 udp tcp tcp.segments dns tls tls.segments http h
 REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "request-id")
 RESP_PORTS = (6379,)
 DNS_PORTS = (53,)
-H2_DATA, H2_HEADERS, H2_RST = 0, 1, 3
-
-
-def parse_epoch_ns(text: str) -> int:
-    """``frame.time_epoch`` (``"1795968575.630009297"``) as integer ns, exactly."""
-    sec, _, frac = text.strip().partition(".")
-    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
 def request_key(client: str, server: str, ident: int) -> ReqKey:
@@ -368,46 +371,10 @@ class WireReference:
 # ----------------------------------------------------------------------------- tshark
 
 
-def _int(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(value, 0)
-    except ValueError:
-        return None
-
-
-def _dns_decode_opts(ports: Iterable[int]) -> list[str]:
-    out = []
-    for p in sorted(set(ports)):
-        if p != 53:
-            out += ["-d", f"udp.port=={p},dns", "-d", f"tcp.port=={p},dns"]
-    return out
-
-
 def run_tshark_json(capture: str, keylog: str | None, extra_opts: Sequence[str]) -> list[Node]:
     """The packets' ``layers`` of one tshark run (exit status 2, a cut capture, is
     accepted: tshark still prints every complete packet)."""
-    exe = tshark_path()
-    if exe is None:
-        raise RuntimeError("tshark is not installed")
-    cmd = [exe, "-n", "-2", "-o", "tcp.reassemble_out_of_order:TRUE"]
-    if keylog is not None:
-        cmd += ["-o", f"tls.keylog_file:{keylog}"]
-    cmd += list(extra_opts)
-    cmd += ["-r", capture, "-T", "json", "-J", JSON_PROTOCOLS]
-    proc = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, check=False)
-    text = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode not in (0, 2) or not text.strip():
-        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: "
-                           f"{proc.stderr.decode('utf-8', 'replace').strip()}")
-    layers = []
-    for pkt in json.loads(text, object_pairs_hook=Node):
-        source = pkt.get("_source") if isinstance(pkt, Node) else None
-        lay = source.get("layers") if isinstance(source, Node) else None
-        if isinstance(lay, Node):
-            layers.append(lay)
-    return layers
+    return tshark_layers(capture, keylog, extra_opts, JSON_PROTOCOLS)[0]
 
 
 @dataclass
@@ -446,7 +413,7 @@ def _parse(layers: Node) -> _Pkt | None:
     fr = layers.get("frame")
     if not isinstance(fr, Node):
         return None
-    number, epoch = _int(fr.get("frame.number")), fr.get("frame.time_epoch")
+    number, epoch = to_int(fr.get("frame.number")), fr.get("frame.time_epoch")
     if number is None or not isinstance(epoch, str):
         return None
     src = dst = None
@@ -459,16 +426,15 @@ def _parse(layers: Node) -> _Pkt | None:
     if src is None or dst is None or transport is None:
         return None
     tl = layers.get(transport)
-    sport, dport = _int(tl.get(f"{transport}.srcport")), _int(tl.get(f"{transport}.dstport"))
+    sport, dport = to_int(tl.get(f"{transport}.srcport")), to_int(tl.get(f"{transport}.dstport"))
     if sport is None or dport is None:
         return None
-    pkt = _Pkt(number, parse_epoch_ns(epoch), transport, _int(tl.get(f"{transport}.stream")),
+    pkt = _Pkt(number, parse_epoch_ns(epoch), transport, to_int(tl.get(f"{transport}.stream")),
                endpoint(src, sport), endpoint(dst, dport))
     if transport == "tcp":
         pkt.syn = find_first(tl, "tcp.flags.syn") == "1"
         pkt.ack = find_first(tl, "tcp.flags.ack") == "1"
-        hexed = tl.get("tcp.payload") or ""
-        pkt.payload = bytes.fromhex(hexed.replace(":", "")) if hexed else b""
+        pkt.payload = hex_bytes(tl.get("tcp.payload"))
         analysis = tl.get("tcp.analysis")
         if isinstance(analysis, Node):
             pkt.retransmission = any(analysis.get(k) is not None for k in (
@@ -491,11 +457,9 @@ def _parse(layers: Node) -> _Pkt | None:
 
     for key, value in layers:
         if key == "tcp.segments":
-            pkt.tcp_segments = [n for n in map(_int, find_all(value, "tcp.segment"))
-                                if n is not None]
+            pkt.tcp_segments = segment_frames(value, "tcp")
         elif key == "tls.segments":
-            pending_tls_segments = [n for n in map(_int, find_all(value, "tls.segment"))
-                                    if n is not None]
+            pending_tls_segments = segment_frames(value, "tls")
         elif key == "tls" and isinstance(value, Node):
             # the first tls layer holds the record reassembled from tcp.segments (if
             # any); the records after it are in a second layer
@@ -513,13 +477,11 @@ def _parse(layers: Node) -> _Pkt | None:
             add("http", value, tls_layers > 0)
             pending_tls_segments = []
         elif key == "http2" and isinstance(value, Node):
-            for fkey, fnode in value:
-                if fkey == "http2.magic":
-                    pkt.magic = True
-                elif fkey == "http2.stream" and isinstance(fnode, Node) \
-                        and fnode.get("http2.type") is not None:
-                    cleartext()
-                    add("http2", fnode, tls_layers > 0)
+            magic, frames = http2_frames(value)
+            pkt.magic = pkt.magic or magic
+            for fnode in frames:
+                cleartext()
+                add("http2", fnode, tls_layers > 0)
         elif key == "dns" and isinstance(value, Node):
             cleartext()
             add("dns", value, False)
@@ -564,24 +526,12 @@ class _Times:
 
 def _headers(node: Node, prefix: str) -> list[tuple[str, str]]:
     out = []
-    for _, h in _iter_key(node, f"{prefix}.header"):
-        if isinstance(h, Node):
+    for k, h in walk(node):
+        if k == f"{prefix}.header" and isinstance(h, Node):
             name, value = h.get(f"{prefix}.header.name"), h.get(f"{prefix}.header.value")
             if isinstance(name, str):
                 out.append((name.lower(), value if isinstance(value, str) else ""))
     return out
-
-
-def _iter_key(node: Any, key: str) -> Iterable[tuple[str, Any]]:
-    if isinstance(node, Node):
-        for k, v in node:
-            if k == key:
-                yield k, v
-            elif isinstance(v, Node | list):
-                yield from _iter_key(v, key)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _iter_key(v, key)
 
 
 def _http1_headers(node: Node, side: str) -> list[tuple[str, str]]:
@@ -591,19 +541,6 @@ def _http1_headers(node: Node, side: str) -> list[tuple[str, str]]:
         if sep:
             out.append((name.strip().lower(), value.strip()))
     return out
-
-
-def _hexbytes(text: Any) -> bytes:
-    if not isinstance(text, str) or not text:
-        return b""
-    try:
-        return bytes.fromhex(text.replace(":", ""))
-    except ValueError:
-        return b""
-
-
-def _final(status: int | None) -> bool:
-    return status is not None and not 100 <= status < 200
 
 
 class _Conn:
@@ -677,9 +614,8 @@ class _Conn:
                 elif htype == "2" and p.src == self.server and tls.server_hello_ns is None:
                     tls.server_hello_ns = ts
                     sv = find_all(m.node, "tls.handshake.extensions.supported_version")
-                    code = _int(sv[0]) if sv else _int(m.node.get("tls.handshake.version"))
-                    tls.version = {0x0304: "TLS 1.3", 0x0303: "TLS 1.2", 0x0302: "TLS 1.1",
-                                   0x0301: "TLS 1.0"}.get(code or 0)
+                    code = to_int(sv[0]) if sv else to_int(m.node.get("tls.handshake.version"))
+                    tls.version = TLS_VERSIONS.get(code or 0)
                     if "41" in find_all(m.node, "tls.handshake.extension.type"):
                         tls.resumed = True
                 elif htype == "20":
@@ -720,11 +656,11 @@ class _Conn:
             for m in p.msgs:
                 if m.kind != "http2":
                     continue
-                ftype = _int(m.node.get("http2.type"))
-                sid = _int(m.node.get("http2.streamid"))
+                ftype = to_int(m.node.get("http2.type"))
+                sid = to_int(m.node.get("http2.streamid"))
                 if sid is None or sid == 0:
                     continue
-                flags = _int(m.node.get("http2.flags")) or 0
+                flags = to_int(m.node.get("http2.flags")) or 0
                 end = ftype in (H2_DATA, H2_HEADERS) and bool(flags & 0x1)
                 frame, ts, why = self.times.start(p, m)
                 if p.src == self.client:
@@ -742,7 +678,7 @@ class _Conn:
                     continue
                 if ftype == H2_HEADERS:
                     hdrs = _headers(m.node, "http2")
-                    status = _int(next((v for k, v in hdrs if k == ":status"), None))
+                    status = to_int(next((v for k, v in hdrs if k == ":status"), None))
                     if r.first_byte_ns is None:
                         r.first_byte_ns, r.response_frame = ts, frame
                         r.approx = r.approx or why
@@ -754,10 +690,10 @@ class _Conn:
                 elif ftype == H2_DATA:
                     # the frame's own payload: on the frame ending the stream tshark
                     # shows the whole reassembled body, of which it is the tail
-                    length = _int(m.node.get("http2.length")) or 0
+                    length = to_int(m.node.get("http2.length")) or 0
                     if flags & 0x8:  # PADDED
-                        length -= 1 + (_int(m.node.get("http2.pad_length")) or 0)
-                    body = _hexbytes(m.node.get("http2.data.data"))
+                        length -= 1 + (to_int(m.node.get("http2.pad_length")) or 0)
+                    body = hex_bytes(m.node.get("http2.data.data"))
                     data = body[len(body) - length:] if length > 0 else b""
                     if r.sse:
                         buf = (buffers.get(sid, b"") + data).replace(b"\r\n", b"\n")
@@ -817,7 +753,7 @@ class _Conn:
             return []
         taken: dict[int, int] = {}
         for p, m in responses:
-            req_in = _int(m.node.get("http.request_in"))
+            req_in = to_int(m.node.get("http.request_in"))
             cands = by_frame.get(req_in or -1)
             if not cands:
                 continue
@@ -825,7 +761,7 @@ class _Conn:
             # several requests reported in one frame: their responses come in order;
             # an interim response stays with its request
             r = cands[min(k, len(cands) - 1)]
-            code = _int(find_first(m.node, "http.response.code"))
+            code = to_int(find_first(m.node, "http.response.code"))
             frame, ts, why = self.times.start(p, m)
             if r.first_byte_ns is None:
                 r.first_byte_ns, r.response_frame = ts, frame
@@ -938,13 +874,13 @@ def _dns(pkts: list[_Pkt], times: _Times, ports: frozenset[int]) -> list[WireDns
         for m in p.msgs:
             if m.kind != "dns":
                 continue
-            msg_id = _int(m.node.get("dns.id"))
+            msg_id = to_int(m.node.get("dns.id"))
             names = find_all(m.node, "dns.qry.name")
             is_resp = find_first(m.node, "dns.flags.response") == "1"
             if msg_id is None or not names:
                 continue
             qname = names[0].rstrip(".").lower() or "."
-            qtype = _int(next(iter(find_all(m.node, "dns.qry.type")), None))
+            qtype = to_int(next(iter(find_all(m.node, "dns.qry.type")), None))
             frame, ts, _ = times.start(p, m)
             if not is_resp:
                 key = (p.src, p.dst, p.transport, msg_id, qname, qtype)
@@ -961,7 +897,7 @@ def _dns(pkts: list[_Pkt], times: _Times, ports: frozenset[int]) -> list[WireDns
                 if t is None or t.response_ns is not None:
                     continue
                 t.response_ns, t.response_frame = ts, frame
-                t.rcode = _int(find_first(m.node, "dns.flags.rcode"))
+                t.rcode = to_int(find_first(m.node, "dns.flags.rcode"))
                 dt = find_first(m.node, "dns.time")
                 t.dns_time_ns = None if dt is None else parse_epoch_ns(dt)
     return out
@@ -1005,7 +941,8 @@ def _undecoded(pkts: list[_Pkt], skip_ports: frozenset[int]) -> list[str]:
 @functools.cache
 def _reference(capture: str, keylog: str | None, extra_opts: tuple[str, ...],
                resp_ports: tuple[int, ...], dns_ports: tuple[int, ...]) -> WireReference:
-    opts = list(extra_opts) + _dns_decode_opts(dns_ports)
+    opts = list(extra_opts) + [x for rule in dns_decode_rules(dns_ports)
+                                for x in ("-d", rule)]
     layers = run_tshark_json(capture, keylog, opts)
     pkts = [p for p in map(_parse, layers) if p is not None]
     more = _undecoded(pkts, frozenset(resp_ports) | frozenset(dns_ports))

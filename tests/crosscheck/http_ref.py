@@ -38,7 +38,8 @@ Where the first byte is (``_Position``):
    direction completed after the previous message of that direction - true of
    HTTP/1.x unless pipelined responses share a record. The record's position comes
    from framing the TLS records of the reassembled TCP byte stream (``tcp.payload``,
-   first transmission of each byte), checked record by record against tshark's
+   first transmission of each byte; :class:`netdiag.engines.tsstream.Direction`, the
+   tshark engine's), checked record by record against tshark's
    ``tls.record.length`` list; its plaintext starts after the 5-byte header and the
    explicit nonce of the cipher suite (8 bytes for TLS 1.2 AES-GCM/CCM, none for
    ChaCha20-Poly1305 and TLS 1.3);
@@ -49,16 +50,18 @@ Where the first byte is (``_Position``):
 tshark decodes the h2c captures on port 8080 without any ``-d`` option (8080 is in
 the HTTP dissector's default ports) and follows the ``Upgrade: h2c``.
 
+tshark is run, and its JSON read, by the engine's plumbing (tshark_ref.py's
+:func:`~tshark_ref.tshark_layers`); the placing rules above, the cipher suites' nonces
+and the request pairing are this module's own, not the engine's (whose rules differ:
+it places an HTTP/2 frame inside a reassembled record, rule 5 here), so the comparison
+checks netdiag's analyzers against a reference derived apart from both.
+
 Run as a script to print the references: ``python tests/crosscheck/http_ref.py [NAME...]``.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import json
-import shlex
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,19 +71,27 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from compare_ref import Item, Skip, Tally, _conn_key, _fmt
 from tshark_ref import (
-    ROOT,
-    TIMEOUT_S,
     CaptureSpec,
-    Node,
     endpoint,
-    find_all,
-    find_first,
-    norm_endpoint,
     project_captures,
     thirdparty_captures,
+    tshark_layers,
     tshark_path,
 )
+
+from netdiag.engines.tshark import final_status as _final
+from netdiag.engines.tsjson import (
+    Node,
+    find_first,
+    hex_bytes,
+    http2_frames,
+    nodes_with,
+    segment_frames,
+    to_int,
+)
+from netdiag.engines.tsstream import Direction, Record
 
 TOLERANCE_MS = Decimal("0.05")
 """Largest accepted difference between netdiag's and tshark's TTFB (and request ts)."""
@@ -121,35 +132,7 @@ def other_thirdparty_captures() -> list[CaptureSpec]:
 
 def run_tshark_http(spec: CaptureSpec) -> list[Node]:
     """The packets' ``layers`` of one tshark run (same options as tshark_ref.py)."""
-    exe = tshark_path()
-    if exe is None:
-        raise RuntimeError("tshark is not installed")
-    cmd = [exe, "-n", "-2", "-o", "tcp.reassemble_out_of_order:TRUE"]
-    if spec.keylog is not None:
-        cmd += ["-o", f"tls.keylog_file:{spec.keylog}"]
-    cmd += list(spec.extra_opts)
-    cmd += ["-r", str(spec.path), "-T", "json", "-J", HTTP_JSON_PROTOCOLS]
-    proc = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, check=False)
-    text = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode not in (0, 2) or not text.strip():
-        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: "
-                           f"{proc.stderr.decode('utf-8', 'replace').strip()}")
-    layers = []
-    for pkt in json.loads(text, object_pairs_hook=Node):
-        source = pkt.get("_source") if isinstance(pkt, Node) else None
-        lay = source.get("layers") if isinstance(source, Node) else None
-        if isinstance(lay, Node):
-            layers.append(lay)
-    return layers
-
-
-def _int(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(value, 0)
-    except ValueError:
-        return None
+    return tshark_layers(spec.path, spec.keylog, spec.extra_opts, HTTP_JSON_PROTOCOLS)[0]
 
 
 def _ms(seconds: Decimal) -> Decimal:
@@ -182,8 +165,8 @@ class _Pkt:
     ack: bool
     tcp_segments: list[int]
     tls_segments: list[int]
-    records: list[tuple[int, int | None]]
-    """``(tls.record.length, decrypted tls.record.content_type)`` in order."""
+    records: list[Node]
+    """tshark's ``tls.record`` nodes (those with a ``tls.record.length``), in order."""
     msgs: list[_Msg]
     magic: bool
     """Carries the HTTP/2 client preface."""
@@ -196,9 +179,9 @@ def _tcp_packet(layers: Node) -> _Pkt | None:
     tcp = layers.get("tcp")
     if not isinstance(frame_l, Node) or not isinstance(tcp, Node):
         return None
-    number = _int(frame_l.get("frame.number"))
+    number = to_int(frame_l.get("frame.number"))
     epoch = frame_l.get("frame.time_epoch")
-    stream = _int(tcp.get("tcp.stream"))
+    stream = to_int(tcp.get("tcp.stream"))
     if number is None or epoch is None or stream is None:
         return None
     src = dst = None
@@ -207,61 +190,46 @@ def _tcp_packet(layers: Node) -> _Pkt | None:
         if isinstance(node, Node):
             src, dst = node.get(f"{key}.src"), node.get(f"{key}.dst")
             break
-    sport, dport = _int(tcp.get("tcp.srcport")), _int(tcp.get("tcp.dstport"))
+    sport, dport = to_int(tcp.get("tcp.srcport")), to_int(tcp.get("tcp.dstport"))
     if src is None or dst is None or sport is None or dport is None:
         return None
-    payload_hex = tcp.get("tcp.payload") or ""
-    payload = bytes.fromhex(payload_hex.replace(":", "")) if payload_hex else b""
+    payload = hex_bytes(tcp.get("tcp.payload"))
     pkt = _Pkt(number, Decimal(epoch), stream, endpoint(src, sport), endpoint(dst, dport),
-               _int(tcp.get("tcp.seq")), payload,
+               to_int(tcp.get("tcp.seq")), payload,
                find_first(tcp, "tcp.flags.syn") == "1", find_first(tcp, "tcp.flags.ack") == "1",
                [], [], [], [], False)
     tls_layers = 0
     for key, value in layers:
         if key == "tcp.segments":
-            pkt.tcp_segments = [n for n in map(_int, find_all(value, "tcp.segment"))
-                                if n is not None]
+            pkt.tcp_segments = segment_frames(value, "tcp")
         elif key == "tls.segments":
-            pkt.tls_segments = [n for n in map(_int, find_all(value, "tls.segment"))
-                                if n is not None]
+            pkt.tls_segments = segment_frames(value, "tls")
         elif key == "tls" and isinstance(value, Node):
             tls_layers += 1
             pkt.records += _records(value)
-            for hs in _nodes_with_value(value, "tls.handshake.type", "2"):
+            for hs in nodes_with(value, "tls.handshake.type"):
+                if hs.get("tls.handshake.type") != "2":
+                    continue
                 pkt.server_hello = (
-                    _int(hs.get("tls.handshake.ciphersuite")),
+                    to_int(hs.get("tls.handshake.ciphersuite")),
                     find_first(hs, "tls.handshake.extensions.supported_version")
                     or hs.get("tls.handshake.version"))
         elif key == "http" and isinstance(value, Node):
             pkt.msgs.append(_Msg("http", value, tls_layers, not pkt.msgs))
         elif key == "http2" and isinstance(value, Node):
-            for fkey, fnode in value:
-                if fkey == "http2.magic":
-                    pkt.magic = True
-                elif fkey == "http2.stream" and isinstance(fnode, Node) \
-                        and fnode.get("http2.type") is not None:
-                    pkt.msgs.append(_Msg("http2", fnode, tls_layers, not pkt.msgs))
+            magic, frames = http2_frames(value)
+            pkt.magic = pkt.magic or magic
+            for fnode in frames:
+                pkt.msgs.append(_Msg("http2", fnode, tls_layers, not pkt.msgs))
     return pkt
 
 
-def _records(tls: Node) -> Iterator[tuple[int, int | None]]:
-    """``(length, decrypted content type)`` of each record of a ``tls`` layer."""
+def _records(tls: Node) -> Iterator[Node]:
+    """Each record of a ``tls`` layer that has a length."""
     for key, value in tls:
-        if key == "tls.record" and isinstance(value, Node):
-            length = _int(value.get("tls.record.length"))
-            if length is not None:
-                yield length, _int(value.get("tls.record.content_type"))
-
-
-def _nodes_with_value(value: Any, key: str, want: str) -> Iterator[Node]:
-    if isinstance(value, Node):
-        if any(k == key and v == want for k, v in value):
+        if key == "tls.record" and isinstance(value, Node) \
+                and to_int(value.get("tls.record.length")) is not None:
             yield value
-        for _, v in value:
-            yield from _nodes_with_value(v, key, want)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _nodes_with_value(v, key, want)
 
 
 # ----------------------------------------------------------------------------- positions
@@ -274,146 +242,6 @@ class _Position:
     frame: int
     ts: Decimal
     how: str
-
-
-class _Direction:
-    """One direction of a TCP connection: its bytes, each tied to the packet that first
-    carried it, and (TLS) its records, checked against tshark's."""
-
-    def __init__(self, pkts: list[_Pkt], syn_seen: bool) -> None:
-        self.pkts = [p for p in pkts if p.payload and p.seq is not None]
-        self.by_frame = {p.frame: p for p in pkts}
-        self.base = 1 if syn_seen else min((p.seq for p in self.pkts), default=0)
-        # first-transmission intervals [start, end) -> packet, sorted by start
-        self.starts: list[int] = []
-        self.spans: list[tuple[int, int, _Pkt]] = []
-        covered: list[tuple[int, int]] = []  # merged, sorted
-        for p in self.pkts:
-            assert p.seq is not None
-            for a, b in _subtract(p.seq, p.seq + len(p.payload), covered):
-                self.spans.append((a, b, p))
-            _merge(covered, p.seq, p.seq + len(p.payload))
-        self.spans.sort(key=lambda s: s[0])
-        self.starts = [s[0] for s in self.spans]
-        self._records: list[_Record] | None = None
-        self.records_why: str | None = None
-
-    def packet_at(self, offset: int) -> _Pkt | None:
-        i = bisect.bisect_right(self.starts, offset) - 1
-        if i >= 0:
-            a, b, p = self.spans[i]
-            if a <= offset < b:
-                return p
-        return None
-
-    def data(self, start: int, end: int) -> bytes | None:
-        """The stream bytes [start, end), or None where some were not captured."""
-        out = bytearray()
-        pos = start
-        while pos < end:
-            p = self.packet_at(pos)
-            if p is None or p.seq is None:
-                return None
-            take = min(end, p.seq + len(p.payload)) - pos
-            out += p.payload[pos - p.seq:pos - p.seq + take]
-            pos += take
-        return bytes(out)
-
-    def completed_at(self, start: int, end: int) -> _Pkt | None:
-        """The packet (highest frame number) that delivered the last missing byte of
-        [start, end), or None where some byte was not captured."""
-        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
-        pos, last = start, None
-        while pos < end:
-            if i >= len(self.spans):
-                return None
-            a, b, p = self.spans[i]
-            i += 1
-            if b <= pos:
-                continue
-            if a > pos:
-                return None
-            if last is None or p.frame > last.frame:
-                last = p
-            pos = b
-        return last
-
-    def records(self) -> list[_Record] | None:
-        """TLS records in stream order, with tshark's decrypted content type."""
-        if self._records is not None or self.records_why is not None:
-            return self._records
-        out: list[_Record] = []
-        pos = self.base
-        end = max((b for _, b, _ in self.spans), default=self.base)
-        while pos + 5 <= end:
-            head = self.data(pos, pos + 5)
-            if head is None:
-                break
-            if head[0] not in (20, 21, 22, 23, 24) or head[1] != 3:
-                self.records_why = f"no TLS record header at stream offset {pos - self.base}"
-                return None
-            length = int.from_bytes(head[3:5], "big")
-            done = self.completed_at(pos, pos + 5 + length)
-            if done is None:
-                break
-            out.append(_Record(pos, length, head[0], done))
-            pos += 5 + length
-        # check against tshark: the records each packet completes, in order
-        by_frame: dict[int, list[_Record]] = {}
-        for rec in out:
-            by_frame.setdefault(rec.done.frame, []).append(rec)
-        for frame, recs in by_frame.items():
-            theirs = self.by_frame[frame].records if frame in self.by_frame else []
-            if [r.length for r in recs] != [length for length, _ in theirs[:len(recs)]]:
-                self.records_why = (f"TLS records completed in frame {frame}: framed "
-                                    f"{[r.length for r in recs]}, tshark "
-                                    f"{[length for length, _ in theirs]}")
-                return None
-            for rec, (_, ctype) in zip(recs, theirs, strict=False):
-                rec.content_type = ctype
-        self._records = out
-        return out
-
-
-@dataclass
-class _Record:
-    start: int
-    length: int
-    outer_type: int
-    done: _Pkt
-    content_type: int | None = None
-
-
-def _merge(covered: list[tuple[int, int]], a: int, b: int) -> None:
-    """Add [a, b) to the sorted, disjoint, merged intervals ``covered``."""
-    i = bisect.bisect_left(covered, (a, a))
-    if i > 0 and covered[i - 1][1] >= a:
-        i -= 1
-    j = i
-    while j < len(covered) and covered[j][0] <= b:
-        a, b = min(a, covered[j][0]), max(b, covered[j][1])
-        j += 1
-    covered[i:j] = [(a, b)]
-
-
-def _subtract(a: int, b: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Parts of [a, b) not in the sorted, merged ``covered`` intervals."""
-    out = []
-    pos = a
-    i = bisect.bisect_left(covered, (a, a))
-    for ca, cb in covered[max(i - 1, 0):]:
-        if cb <= pos:
-            continue
-        if ca >= b:
-            break
-        if ca > pos:
-            out.append((pos, min(ca, b)))
-        pos = max(pos, cb)
-        if pos >= b:
-            break
-    if pos < b:
-        out.append((pos, b))
-    return out
 
 
 # ----------------------------------------------------------------------------- references
@@ -498,15 +326,9 @@ class HttpReference:
         return [r for s in self.streams for r in s.requests]
 
 
-def _final(status: int | None) -> bool:
-    """A final (non-1xx) status."""
-    return status is not None and not 100 <= status < 200
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, Decimal):
-        return format(value.normalize(), "f")
-    return repr(value)
+def _content_type(rec: Record) -> int | None:
+    """The decrypted content type tshark gives a framed record."""
+    return to_int(rec.node.get("tls.record.content_type")) if rec.node is not None else None
 
 
 class _StreamBuilder:
@@ -530,7 +352,7 @@ class _StreamBuilder:
                     self.nonce = None
                     self.nonce_why = (f"cipher suite {suite and hex(suite)} is not a known "
                                       f"AEAD suite")
-        self.dirs: dict[str, _Direction] = {}
+        self.dirs: dict[str, Direction] = {}
 
     def _endpoints(self) -> tuple[str | None, str | None]:
         for p in self.pkts:
@@ -545,10 +367,10 @@ class _StreamBuilder:
                 return p.dst, p.src
         return None, None
 
-    def direction(self, src: str) -> _Direction:
+    def direction(self, src: str) -> Direction:
         if src not in self.dirs:
             syn = any(p.syn for p in self.pkts if p.src == src)
-            self.dirs[src] = _Direction([p for p in self.pkts if p.src == src], syn)
+            self.dirs[src] = Direction([p for p in self.pkts if p.src == src], syn)
         return self.dirs[src]
 
     # first-byte positions -------------------------------------------------------------
@@ -592,7 +414,7 @@ class _StreamBuilder:
         if recs is None:
             return None, d.records_why or "TLS records not framed"
         for rec in recs:
-            if rec.content_type != 23:
+            if _content_type(rec) != 23:
                 continue
             if after_frame is not None and rec.done.frame <= after_frame:
                 continue
@@ -633,7 +455,7 @@ class _StreamBuilder:
         if self.nonce is None:
             return None
         for rec in d.records() or []:
-            if rec.content_type != 23:
+            if _content_type(rec) != 23:
                 continue
             p = d.packet_at(rec.start + 5 + self.nonce)
             if p is not None and p.frame > after:
@@ -675,14 +497,14 @@ class _StreamBuilder:
                 elif m.node.get("http.response") is not None and p.src == self.server:
                     pos, why = self.position(p, m, prev["resp"], True)
                     prev["resp"] = p.frame
-                    req_in = _int(find_first(m.node, "http.request_in"))
+                    req_in = to_int(find_first(m.node, "http.request_in"))
                     cands = by_frame.get(req_in or -1, [])
                     if not cands:
                         continue
                     # one request per frame unless pipelined in one packet: the first
                     # without a final response
                     req = next((r for r in cands if not _final(r.status)), cands[-1])
-                    code = _int(find_first(m.node, "http.response.code"))
+                    code = to_int(find_first(m.node, "http.response.code"))
                     if req.response_frame is None:  # the first response, interim or not
                         req.response_frame = p.frame
                         req.response = pos
@@ -703,16 +525,16 @@ class _StreamBuilder:
         status: dict[int, int | None] = {}
         for p in self.pkts:
             for m in p.msgs:
-                if m.kind != "http2" or _int(m.node.get("http2.type")) != H2_HEADERS:
+                if m.kind != "http2" or to_int(m.node.get("http2.type")) != H2_HEADERS:
                     continue
-                sid = _int(m.node.get("http2.streamid"))
+                sid = to_int(m.node.get("http2.streamid"))
                 if sid is None:
                     continue
                 side = client if p.src == self.client else server
                 side.setdefault(sid, (p, m))
                 if side is server and not _final(status.get(sid)):
                     # the final status (an interim 1xx HEADERS comes first)
-                    status[sid] = _int(find_first(m.node, "http2.headers.status"))
+                    status[sid] = to_int(find_first(m.node, "http2.headers.status"))
         upgrade = next((r for r in ref.requests if r.kind == "http1" and r.status == 101), None)
         if upgrade is not None and 1 in server and 1 not in client:
             upgrade.kind, upgrade.stream_id = "upgrade", 1
@@ -754,17 +576,9 @@ def http_reference(spec: CaptureSpec) -> HttpReference:
 # ----------------------------------------------------------------------------- netdiag
 
 
-def _import_netdiag() -> None:
-    try:
-        import netdiag  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT))
-
-
 @functools.cache
 def netdiag_http_document(spec: CaptureSpec) -> dict[str, Any]:
     """netdiag's contract document for one capture, with its key log (cached)."""
-    _import_netdiag()
     from netdiag.pipeline import Options, analyze
     from netdiag.report.records_out import CollectingSink
     from netdiag.tls.keylog import KeyLog
@@ -778,46 +592,18 @@ def netdiag_http_document(spec: CaptureSpec) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- comparison
 
 
-@dataclass
-class HttpItem:
-    kind: str
-    """``count`` (one per connection) or ``ttfb`` (one per request)."""
-    desc: str
-    problems: list[str] = field(default_factory=list)
-    compared: list[str] = field(default_factory=list)
-
-    @property
-    def agreed(self) -> bool:
-        return not self.problems
+HttpItem = Item
+"""One comparison: ``kind`` ``count`` (one per connection) or ``ttfb`` (one per request)."""
+HttpSkip = Skip
 
 
 @dataclass
-class HttpSkip:
-    kind: str
-    desc: str
-    reason: str
-
-
-@dataclass
-class HttpOutcome:
+class HttpOutcome(Tally):
     spec: CaptureSpec
     ref: HttpReference
     doc: dict[str, Any]
     items: list[HttpItem] = field(default_factory=list)
     skips: list[HttpSkip] = field(default_factory=list)
-
-    def compared(self, kind: str) -> int:
-        return sum(1 for i in self.items if i.kind == kind)
-
-    def agreed(self, kind: str) -> int:
-        return sum(1 for i in self.items if i.kind == kind and i.agreed)
-
-    def skipped(self, kind: str) -> int:
-        return sum(1 for s in self.skips if s.kind == kind)
-
-    def failures(self, kind: str | None = None) -> list[str]:
-        return [f"{self.spec.name}: {i.desc}: " + "; ".join(i.problems)
-                for i in self.items if (kind is None or i.kind == kind) and not i.agreed]
 
 
 def _close(got: Any, want: Decimal) -> bool:
@@ -829,10 +615,6 @@ def _diff(got: Any, want: Decimal) -> str:
     if not isinstance(got, int | float) or isinstance(got, bool):
         return ""
     return f" (diff {float(Decimal(repr(got)) - want):+.6f} ms)"
-
-
-def _conn_key(rec: dict[str, Any]) -> tuple[str, str]:
-    return norm_endpoint(str(rec.get("client"))), norm_endpoint(str(rec.get("server")))
 
 
 def _take_connection(pool: list[dict[str, Any]], s: StreamRef) -> dict[str, Any] | None:

@@ -7,6 +7,14 @@ The JSON is parsed keeping duplicate keys *in order* (``object_pairs_hook``), so
 packet that carries several DNS messages, TLS records or handshake messages yields
 each of them, each next to the ``tcp.segments`` list that reassembled it.
 
+tshark is run and its JSON read by the tshark engine's plumbing
+(:mod:`netdiag.engines.tsjson`: :class:`TsharkRun`, :class:`Node`, field access), which
+tshark_ref.py, http_ref.py and hops_ref.py share (:func:`tshark_layers`). The reference
+figures are derived here, from tshark's fields, independently of both netdiag's
+analyzers and the engine's figures (which ``netdiag verify`` compares): e.g. DNS
+latency from ``dns.time`` and the handshake from ``tcp.analysis.initial_rtt``, which
+the engine does not use.
+
 What is extracted, per capture (:func:`reference`):
 
 * :class:`DnsRef` - one per DNS transaction (first query, its retransmitted copies,
@@ -43,16 +51,29 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import json
 import shlex
-import shutil
-import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # netdiag, when not installed
+
+from netdiag.engines.tshark import _qname as tshark_qname
+from netdiag.engines.tshark import is_hrr, version_name
+from netdiag.engines.tsjson import (
+    Node,
+    TsharkRun,
+    dns_messages,
+    find_all,
+    find_first,
+    has_key,
+    nodes_with,
+    require_tshark,
+    to_int,
+)
+from netdiag.engines.tsjson import tshark_path as find_tshark
 
 ROOT = Path(__file__).resolve().parents[2]
 """The project root (``/work/main``)."""
@@ -61,15 +82,10 @@ THIRDPARTY = ROOT.parent / "shared" / "captures" / "thirdparty"
 PROJECT_CAPTURES = ROOT / "captures"
 """The project's own captures (``*.pcap``, ``*.pcapng``), key log beside as ``STEM.keys``."""
 
-HRR_RANDOM = "cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c"
-"""SHA-256 of "HelloRetryRequest": the random of a ServerHello that is an HRR (RFC 8446)."""
 DNS_PORTS = frozenset({53})
 """Ports netdiag parses as DNS by default (``Options.dns_ports``)."""
-TLS_VERSIONS = {0x0300: "SSL 3.0", 0x0301: "TLS 1.0", 0x0302: "TLS 1.1", 0x0303: "TLS 1.2",
-                0x0304: "TLS 1.3"}
 JSON_PROTOCOLS = "frame ip ipv6 udp tcp tcp.segments dns tls icmp icmpv6"
 """What ``-J`` keeps of each packet (everything else is reported as ``filtered``)."""
-TIMEOUT_S = 300
 
 
 # ----------------------------------------------------------------------------- captures
@@ -91,8 +107,8 @@ class CaptureSpec:
 
 
 def tshark_path() -> str | None:
-    """The tshark binary, or None when it is not installed."""
-    return shutil.which("tshark")
+    """The tshark binary (the engine's choice), or None when it is not installed."""
+    return find_tshark()
 
 
 def _manifest(folder: Path) -> dict[str, dict[str, str]]:
@@ -151,91 +167,31 @@ def all_captures() -> list[CaptureSpec]:
     return thirdparty_captures() + project_captures()
 
 
-# ----------------------------------------------------------------------------- JSON
+# ----------------------------------------------------------------------------- tshark
 
 
-class Node(list):
-    """A JSON object as its (key, value) pairs, in order, duplicate keys kept."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        for k, v in self:
-            if k == key:
-                return v
-        return default
-
-
-def _walk(value: Any) -> Iterator[tuple[str, Any]]:
-    """Every (key, value) pair below ``value``, depth first, in document order."""
-    if isinstance(value, Node):
-        for k, v in value:
-            yield k, v
-            yield from _walk(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _walk(v)
-
-
-def _scalars(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and not isinstance(value, Node):
-        return [v for v in value if isinstance(v, str)]
-    return []
-
-
-def find_all(value: Any, key: str) -> list[str]:
-    """Every string value of ``key`` anywhere below ``value``, in order."""
-    out: list[str] = []
-    for k, v in _walk(value):
-        if k == key:
-            out.extend(_scalars(v))
-    return out
-
-
-def find_first(value: Any, key: str) -> str | None:
-    found = find_all(value, key)
-    return found[0] if found else None
-
-
-def _nodes_with(value: Any, key: str) -> Iterator[Node]:
-    """Every object below ``value`` that has ``key`` as a direct member."""
-    if isinstance(value, Node):
-        if any(k == key for k, _ in value):
-            yield value
-        for _, v in value:
-            yield from _nodes_with(v, key)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _nodes_with(v, key)
-
-
-def run_tshark(spec: CaptureSpec) -> tuple[list[Node], int, str]:
-    """Run tshark on ``spec``; the packets' ``layers`` objects, exit status, stderr.
+def tshark_layers(capture: str | Path, keylog: str | Path | None, extra_opts: Sequence[str],
+                  protocols: str) -> tuple[list[Node], int, str]:
+    """One tshark run (``-n -2 -o tcp.reassemble_out_of_order:TRUE``, the key log, the
+    extra options, ``-T json -J PROTOCOLS``) through the engine's
+    :class:`~netdiag.engines.tsjson.TsharkRun`: the packets' ``layers`` objects (duplicate
+    keys kept in order), exit status, stderr.
 
     tshark exits 2 on a capture that is cut short but still prints every complete
     packet: that is accepted; anything else non-zero raises.
     """
-    exe = tshark_path()
-    if exe is None:
-        raise RuntimeError("tshark is not installed")
-    cmd = [exe, "-n", "-2", "-o", "tcp.reassemble_out_of_order:TRUE"]
-    if spec.keylog is not None:
-        cmd += ["-o", f"tls.keylog_file:{spec.keylog}"]
-    cmd += list(spec.extra_opts)
-    cmd += ["-r", str(spec.path), "-T", "json", "-J", JSON_PROTOCOLS]
-    proc = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, check=False)
-    text = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode not in (0, 2) or not text.strip():
-        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: "
-                           f"{proc.stderr.decode('utf-8', 'replace').strip()}")
-    packets = json.loads(text, object_pairs_hook=Node)
-    layers = []
-    for pkt in packets:
-        source = pkt.get("_source") if isinstance(pkt, Node) else None
-        lay = source.get("layers") if isinstance(source, Node) else None
-        if isinstance(lay, Node):
-            layers.append(lay)
-    return layers, proc.returncode, proc.stderr.decode("utf-8", "replace")
+    prefs = {"tcp.reassemble_out_of_order": "TRUE"}
+    if keylog is not None:
+        prefs["tls.keylog_file"] = str(keylog)
+    run = TsharkRun(require_tshark(), str(capture), prefs=prefs, extra_args=extra_opts,
+                    protocols=protocols)
+    layers = list(run)
+    return layers, run.returncode or 0, run.stderr
+
+
+def run_tshark(spec: CaptureSpec) -> tuple[list[Node], int, str]:
+    """Run tshark on ``spec``; the packets' ``layers`` objects, exit status, stderr."""
+    return tshark_layers(spec.path, spec.keylog, spec.extra_opts, JSON_PROTOCOLS)
 
 
 # ----------------------------------------------------------------------------- records
@@ -266,9 +222,7 @@ def norm_endpoint(ep: str) -> str:
 
 def norm_qname(name: str) -> str:
     """tshark's question name in netdiag's form: no trailing dot, root as ``.``, lower case."""
-    if name in ("<Root>", "<root>", ""):
-        return "."
-    return name.rstrip(".").lower() or "."
+    return tshark_qname(name).lower()
 
 
 def _ms(seconds: Decimal | None) -> Decimal | None:
@@ -380,25 +334,6 @@ class Reference:
     """DNS responses tshark could not tie to any query (e.g. the query is not captured)."""
 
 
-def _version_name(code: str | None) -> str | None:
-    if not code:
-        return None
-    try:
-        value = int(code, 16)
-    except ValueError:
-        return code
-    return TLS_VERSIONS.get(value, f"0x{value:04x}")
-
-
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value, 0)
-    except ValueError:
-        return None
-
-
 @dataclass
 class _Packet:
     frame: int
@@ -416,7 +351,7 @@ def _packet(layers: Node) -> _Packet | None:
     frame_layer = layers.get("frame")
     if not isinstance(frame_layer, Node):
         return None
-    number = _int(frame_layer.get("frame.number"))
+    number = to_int(frame_layer.get("frame.number"))
     epoch = frame_layer.get("frame.time_epoch")
     if number is None or epoch is None:
         return None
@@ -428,22 +363,10 @@ def _packet(layers: Node) -> _Packet | None:
             dst = value.get(f"{key}.dst")
         if transport is None and key in ("udp", "tcp") and isinstance(value, Node):
             transport = key
-            sport = _int(value.get(f"{key}.srcport"))
-            dport = _int(value.get(f"{key}.dstport"))
-            stream = _int(value.get(f"{key}.stream"))
+            sport = to_int(value.get(f"{key}.srcport"))
+            dport = to_int(value.get(f"{key}.dstport"))
+            stream = to_int(value.get(f"{key}.stream"))
     return _Packet(number, Decimal(epoch), src, dst, transport, sport, dport, stream, layers)
-
-
-def _dns_messages(pkt: _Packet) -> Iterator[tuple[Node, list[int]]]:
-    """Each DNS message of a packet with the frames that reassembled it (may be empty)."""
-    segments: list[int] = []
-    for key, value in pkt.layers:
-        if key == "tcp.segments":
-            segments = [n for n in (_int(s) for s in find_all(value, "tcp.segment"))
-                        if n is not None]
-        elif key == "dns" and isinstance(value, Node):
-            yield value, segments
-            segments = []
 
 
 def _dns_refs(packets: list[_Packet]) -> tuple[list[DnsRef], int]:
@@ -460,15 +383,15 @@ def _dns_refs(packets: list[_Packet]) -> tuple[list[DnsRef], int]:
             continue
         if pkt.sport not in DNS_PORTS and pkt.dport not in DNS_PORTS:
             continue
-        for msg, segments in _dns_messages(pkt):
-            msg_id = _int(msg.get("dns.id"))
+        for msg, segments in dns_messages(pkt.layers):
+            msg_id = to_int(msg.get("dns.id"))
             flags = find_first(msg, "dns.flags.response")
             names = find_all(msg, "dns.qry.name")
             types = find_all(msg, "dns.qry.type")
             if msg_id is None or flags is None or not names:
                 continue
             qname = norm_qname(names[0])
-            qtype = _int(types[0]) if types else 0
+            qtype = to_int(types[0]) if types else 0
             first_frame = segments[0] if segments else pkt.frame
             src = endpoint(pkt.src, pkt.sport)
             dst = endpoint(pkt.dst or "", pkt.dport)
@@ -488,7 +411,7 @@ def _dns_refs(packets: list[_Packet]) -> tuple[list[DnsRef], int]:
                 by_query_frame[pkt.frame] = ref
             else:
                 key = (dst, src, pkt.transport, msg_id, qname, qtype)
-                response_to = _int(find_first(msg, "dns.response_to"))
+                response_to = to_int(find_first(msg, "dns.response_to"))
                 ref = by_query_frame.get(response_to) if response_to is not None else None
                 if ref is None:
                     ref = latest.get(key)
@@ -566,9 +489,9 @@ def _tls_refs(packets: list[_Packet], tcp: list[TcpRef]) -> list[TlsRef]:
         for key, tls in pkt.layers:
             if key != "tls":
                 continue
-            if any(k == "tls.resumed" for k, _ in _walk(tls)):
+            if has_key(tls, "tls.resumed"):
                 resumed12.add(pkt.stream)
-            for hs in _nodes_with(tls, "tls.handshake.type"):
+            for hs in nodes_with(tls, "tls.handshake.type"):
                 hs_type = hs.get("tls.handshake.type")
                 if hs_type == "1" and pkt.stream not in refs:
                     refs[pkt.stream] = TlsRef(
@@ -581,9 +504,7 @@ def _tls_refs(packets: list[_Packet], tcp: list[TcpRef]) -> list[TlsRef]:
                     server_hellos.setdefault(pkt.stream, []).append((pkt.frame, hs))
     for stream, ref in refs.items():
         hellos = server_hellos.get(stream, [])
-        hrr = [(f, hs) for f, hs in hellos
-               if (find_first(hs, "tls.handshake.random") or "").replace(":", "").lower()
-               == HRR_RANDOM]
+        hrr = [(f, hs) for f, hs in hellos if is_hrr(hs)]
         real = [(f, hs) for f, hs in hellos if (f, hs) not in hrr]
         ref.hello_retry = bool(hrr)
         chosen = real[0] if real else (hrr[0] if hrr else None)
@@ -591,9 +512,9 @@ def _tls_refs(packets: list[_Packet], tcp: list[TcpRef]) -> list[TlsRef]:
             continue
         frame, hs = chosen
         ref.server_hello_frame = frame
-        ref.version = _version_name(
+        ref.version = version_name(to_int(
             find_first(hs, "tls.handshake.extensions.supported_version")
-            or hs.get("tls.handshake.version"))
+            or hs.get("tls.handshake.version")))
         if ref.version == "TLS 1.3":
             ref.resumed = "41" in find_all(hs, "tls.handshake.extension.type")
         else:
