@@ -41,9 +41,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.flows.tcp",
     "netdiag.flows.table",
     "netdiag.protocols.dns",
+    "netdiag.tls.names",
+    "netdiag.protocols.tls_infer",
+    "netdiag.protocols.tls",
 )
-"""The modules mypyc compiles (the per-packet path, and DNS message parsing); everything
-else is pure Python (the TLS and HTTP analyzers too)."""
+"""The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
+record walk); everything else is pure Python (decryption and the HTTP analyzers too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``
 (inside the package, which an editable install maps onto the source tree)."""

@@ -62,6 +62,12 @@ from typing import Any, Protocol
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
 from netdiag.records import Request, TlsInfo
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
 from netdiag.tls.names import (
     alert_text,
     cipher_name,
@@ -208,6 +214,7 @@ class _Side:
         self.hs_pkt = 0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TlsAnalyzer:
     """Passive TLS analyzer of one connection (implements ``StreamAnalyzer``)."""
 

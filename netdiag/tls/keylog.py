@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from netdiag.errors import InputError
 
@@ -101,11 +101,12 @@ class KeyLog:
         log = cls()
         log.sources.append(source)
         if isinstance(text, bytes | bytearray | memoryview):
+            data = bytes(text)
             try:
-                text = bytes(text).decode("utf-8")
+                text = data.decode("utf-8")
             except UnicodeDecodeError as e:
-                line = bytes(text)[:e.start].count(b"\n") + 1
-                raise InputError(f"{source}:{line}: not text (a key log is lines of "
+                bad_line = data[:e.start].count(b"\n") + 1
+                raise InputError(f"{source}:{bad_line}: not text (a key log is lines of "
                                  f"'LABEL CLIENT_RANDOM SECRET' in hex)") from None
         if text.startswith("\ufeff"):
             text = text[1:]
@@ -201,7 +202,7 @@ class KeyLog:
             randoms: list[bytes] = list(self._by_random)
         else:
             randoms = [bytes(r) for r in client_randoms]
-        lines = []
+        lines: list[str] = []
         for random in randoms:
             secrets = self._by_random.get(random)
             if not secrets:
@@ -216,7 +217,7 @@ class KeyLog:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Pickling (to a worker process) keeps the secrets but never shows them.
         return (_rebuild, (self.to_bytes(), list(self.sources)))
 
