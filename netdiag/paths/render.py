@@ -295,7 +295,11 @@ def attribution_line(connections: Sequence[Connection]) -> str:
     if none:
         parts.append(f"{none} without a path (no rule matched, nothing to infer it from)")
     total = len(connections)
-    return f"{total} connection{'s' if total != 1 else ''}: " + ", ".join(parts)
+    line = f"{total} connection{'s' if total != 1 else ''}: " + ", ".join(parts)
+    if any(inf for _name, inf in counts):
+        line += (". Inferred: named by netdiag from the addresses (direct, or via an edge), "
+                 "as no profile names them (--profile FILE, docs/profiles.md)")
+    return line
 
 
 def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],

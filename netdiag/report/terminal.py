@@ -123,7 +123,8 @@ def _reuse_line(result: Result, s: dict[str, Any]) -> Text:
     text.append("HTTP ", style="bold")
     text.append(f"{http['requests']} requests on {http['connections']} connections, reuse ")
     text.append(f"{rate * 100:.0f}%", style=f"bold {style}")
-    protos = safe_text(", ".join(f"{k} {v}" for k, v in http["protocols"].items()))
+    protos = safe_text(", ".join(f"{k} {v}" + (" = HTTP/2 without TLS" if k == "h2c" else "")
+                                 for k, v in http["protocols"].items()))
     if protos:
         text.append(f" ({protos})")
     if http["estimated"]:
@@ -241,24 +242,4 @@ def render(result: Result, console: Console, paths: Any = None,
     order = {"critical": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     console.print(_findings(findings))
-    terms = _terms(s, paths)
-    if terms:
-        console.print(Text("Terms: " + "; ".join(terms) + ".", style="dim"))
 
-
-TERMS = {
-    "h2c": "h2c is HTTP/2 without TLS",
-    "inferred": "an (inferred) path is one netdiag named from the addresses, as no "
-                "profile names it (--profile FILE, docs/profiles.md)",
-}
-"""The report's terms, said once at its end when the report uses them."""
-
-
-def _terms(s: dict[str, Any], paths: Any) -> list[str]:
-    used = []
-    if "h2c" in s["http"].get("protocols", {}):
-        used.append(TERMS["h2c"])
-    if paths is not None and any(getattr(b, "inferred", False)
-                                 for b in paths.budgets.values()):
-        used.append(TERMS["inferred"])
-    return used

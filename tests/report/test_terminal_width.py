@@ -88,13 +88,22 @@ def test_golden_rendering_at_80_columns(profile: bool) -> None:
 
 
 @pytest.mark.parametrize("profile", [True, False])
-def test_terms_said_once_at_the_end(profile: bool) -> None:
+def test_terms_explained_once_where_they_first_appear(profile: bool) -> None:
     env = dict(os.environ, COLUMNS="200", NETDIAG_JOBS="1")
     args = [] if profile else ["--no-profile"]
     text = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO), *args],
                           capture_output=True, text=True, env=env, check=True,
                           cwd=ROOT).stdout
-    last = text.strip().splitlines()[-1]
-    assert last.startswith("Terms: ") and text.count("Terms: ") == 1
-    assert "h2c is HTTP/2 without TLS" in last  # the shipped capture has h2c hops
-    assert ("(inferred) path" in last) is (not profile)
+    assert "link EN10MB (Ethernet)" in text
+    first_h2c = text.index("h2c")  # the shipped capture has h2c hops
+    line_end = text.index("\n", first_h2c)
+    assert "= HTTP/2 without TLS" in text[first_h2c:line_end]  # said where it first appears
+    assert text.count("HTTP/2 without TLS") == 1
+    explained = "Inferred: named by netdiag from the addresses"
+    if profile:
+        assert "(inferred)" not in text and explained not in text
+    else:
+        first = text.index("(inferred)")
+        assert text.count(explained) == 1
+        assert text.index(explained) > first
+        assert text.index(explained) < text.index("Latency budget")  # the same paragraph
