@@ -87,23 +87,16 @@ class PcapngWriter:
         """Describe the interface of ``linktype`` now (with its name and snap length),
         so that a capture without packets still says what was captured; later packets
         of that link type use it. Returns its interface id."""
-        ifid = self._interfaces.get(linktype)
-        if ifid is not None:
-            return ifid
-        ifid = len(self._interfaces) + len(self._offset_interfaces)
-        self._interfaces[linktype] = ifid
-        opts = _option(OPT_IF_NAME, name.encode()) if name is not None else b""
-        opts += _option(OPT_IF_TSRESOL, b"\x09") + _option(OPT_ENDOFOPT, b"")
-        self.out.write(_block(IDB, struct.pack("<HHI", linktype, 0, snaplen) + opts))
-        return ifid
+        return self._interface(linktype, 0, name, snaplen)
 
     def _skip(self, reason: str) -> bool:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
         return False
 
-    def _interface(self, linktype: int, offset_s: int) -> int:
+    def _interface(self, linktype: int, offset_s: int, name: str | None = None,
+                   snaplen: int = 0) -> int:
         """The interface of ``linktype`` with ``if_tsoffset`` ``offset_s`` (created on
-        first use)."""
+        first use, with ``name`` and ``snaplen`` when given)."""
         if offset_s == 0:
             ifid = self._interfaces.get(linktype)
         else:
@@ -111,14 +104,15 @@ class PcapngWriter:
         if ifid is not None:
             return ifid
         ifid = len(self._interfaces) + len(self._offset_interfaces)
-        opts = _option(OPT_IF_TSRESOL, b"\x09")
+        opts = _option(OPT_IF_NAME, name.encode()) if name is not None else b""
+        opts += _option(OPT_IF_TSRESOL, b"\x09")
         if offset_s == 0:
             self._interfaces[linktype] = ifid
         else:
             self._offset_interfaces[(linktype, offset_s)] = ifid
             opts += _option(OPT_IF_TSOFFSET, struct.pack("<q", offset_s))
         opts += _option(OPT_ENDOFOPT, b"")
-        self.out.write(_block(IDB, struct.pack("<HHI", linktype, 0, 0) + opts))
+        self.out.write(_block(IDB, struct.pack("<HHI", linktype, 0, snaplen) + opts))
         return ifid
 
     def packet(self, ts_ns: int, linktype: int, data: bytes, wire_len: int) -> bool:

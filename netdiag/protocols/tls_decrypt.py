@@ -75,8 +75,8 @@ def _plaintext_offset(suite: int, tls13: bool, version: int) -> int:
     spec = SUITES.get(suite)
     if spec is None:
         return 0
-    if spec.kind == "cbc":  # TLS 1.0 chains its IV: none on the wire
-        return spec.block_len if version >= 0x0302 else 0
+    if spec.kind == "cbc" and version < 0x0302:
+        return 0  # TLS 1.0 chains its IV: none on the wire
     return spec.explicit_nonce_len
 
 
