@@ -44,9 +44,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.tls.names",
     "netdiag.protocols.tls_infer",
     "netdiag.protocols.tls",
+    "netdiag.protocols.hpack_decode",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
-record walk); everything else is pure Python (decryption and the HTTP analyzers too)."""
+record walk, HPACK decoding); everything else is pure Python (decryption and the HTTP
+analyzers too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``
 (inside the package, which an editable install maps onto the source tree)."""

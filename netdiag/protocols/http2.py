@@ -16,7 +16,8 @@ HEADERS, PUSH_PROMISE, SETTINGS, RST_STREAM, GOAWAY and WINDOW_UPDATE frames are
 parsed by ``hyperframe`` (``Frame.parse_frame_header`` + ``parse_body``), every
 exception it raises caught; CONTINUATION bodies are the header-block fragment
 itself. PING, PRIORITY and unknown frame types are skipped without being copied.
-One ``hpack.Decoder`` per direction decodes the header blocks (HEADERS or
+One :class:`~netdiag.protocols.hpack_decode.HpackDecoder` per direction (``hpack.Decoder``'s
+behaviour, compiled) decodes the header blocks (HEADERS or
 PUSH_PROMISE plus CONTINUATIONs, decoded when END_HEADERS arrives, timed at the
 initial frame); every block is decoded, pushes and trailers included, so that the
 dynamic table stays in step with the sender's.
@@ -104,8 +105,9 @@ control is no longer tracked. At most :data:`MAX_OPEN_STREAMS` streams are follo
 beyond, the oldest stops being followed (its request stays as seen, its later frames
 are ignored). The HPACK dynamic table of each direction honours the receiver's
 SETTINGS_HEADER_TABLE_SIZE up to :data:`MAX_HPACK_TABLE`. Header blocks longer than
-:data:`HPACK_WHOLE` bytes are handed to hpack in runs of whole fields (its decoder
-copies the rest of its input at every literal field). Each cap reached is counted in
+:data:`HPACK_WHOLE` bytes are decoded in runs of whole fields (``hpack.Decoder`` copies
+the rest of its input at every literal field; both quote the rest of their input in
+an error message, which the runs keep short). Each cap reached is counted in
 ``limits_hit`` (keys ``LIMIT_*``) with one warning.
 
 h2c upgrade: pass ``upgrade_request`` (the HTTP/1.1 request with ``Upgrade: h2c``);
@@ -126,14 +128,18 @@ import heapq
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpack import Decoder, HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
+from hpack import HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
 from hyperframe.frame import Frame
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
+from netdiag.protocols.hpack_decode import HpackDecoder
 from netdiag.protocols.sse import SseCounter, is_event_stream
 from netdiag.records import Request, ns_to_ts
+
+if TYPE_CHECKING:
+    from hpack import Decoder
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SHARED_HEADERS_MAX = 1 << 14
@@ -216,9 +222,10 @@ MAX_HPACK_TABLE = 1 << 16
 allows (``limits_hit["http2_hpack_table"]``): a peer that uses more loses the decoding
 of its later headers."""
 HPACK_WHOLE = 1024
-"""Header blocks up to this long go to ``hpack.Decoder.decode`` in one call; longer ones
-in runs of whole fields of about :data:`HPACK_PIECE` bytes (hpack copies the rest of
-the block for every literal field, quadratic in the block's length)."""
+"""Header blocks up to this long go to the decoder's ``decode`` in one call; longer ones
+in runs of whole fields of about :data:`HPACK_PIECE` bytes (``hpack.Decoder`` copies the
+rest of the block for every literal field, quadratic in the block's length; either
+decoder quotes the rest of its input in its error messages)."""
 HPACK_PIECE = 512
 """Target length of one such run."""
 FC_WORK_BASE = 1 << 18
@@ -334,8 +341,9 @@ def _pieces(block: bytes) -> Iterator[tuple[bytes, bool]]:
         yield block[start:], False
 
 
-def _decode_block(decoder: Decoder, block: bytes) -> Iterable[Any]:
-    """``decoder.decode(block, raw=True)``, in linear time for long blocks.
+def _decode_block(decoder: HpackDecoder | Decoder, block: bytes) -> Iterable[Any]:
+    """``decoder.decode(block, raw=True)``, in linear time for long blocks (with
+    ``hpack.Decoder`` too).
 
     A block longer than :data:`HPACK_WHOLE` is decoded in runs of whole fields (the
     table, the header list size limit and hpack's errors are those of one call: a run
@@ -402,7 +410,7 @@ class _Dir:
         self.lost = False
         self.last_lost = False
         # HPACK and the header block being assembled.
-        self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoder = HpackDecoder(max_header_list_size=MAX_HEADER_LIST)
         self.hpack_allowed = 0
         """Largest SETTINGS_HEADER_TABLE_SIZE of the receiver above MAX_HPACK_TABLE (0: none)."""
         self.hpack_ok = True
@@ -796,7 +804,7 @@ class Http2Analyzer:
                     raw = (d.decoder.decode(bytes(block), raw=True) if len(block) <= HPACK_WHOLE
                            else _decode_block(d.decoder, bytes(block)))
                     headers = [_header_pair(k, v) for k, v in raw]
-                except Exception as exc:  # hpack raises several types for bad blocks
+                except Exception as exc:  # hpack's exception classes, for bad blocks
                     d.hpack_ok = False
                     if d.hpack_allowed and isinstance(exc, InvalidTableSizeError):
                         # Within what the peer allowed, beyond what netdiag keeps.
