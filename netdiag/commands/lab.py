@@ -17,6 +17,19 @@ from netdiag.console import stderr_console
 LAB_MODULES = ("redis", "xxhash", "httpx", "h2", "hypercorn")
 """Python packages of the ``lab`` extra that the lab imports while it runs."""
 
+
+def _ramp_option(ctx: click.Context, param: click.Parameter, value: str | None
+                 ) -> tuple[float, float, float] | None:
+    from netdiag.lab.ramp import parse_ramp
+
+    if value is None:
+        return None
+    try:
+        return parse_ramp(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 @click.command()
 @click.option("-w", "--write", "out", required=True,
               type=click.Path(dir_okay=False, writable=True, path_type=Path),
@@ -62,7 +75,8 @@ LAB_MODULES = ("redis", "xxhash", "httpx", "h2", "hypercorn")
               help="After the load, one more ROC connection resuming a TLS 1.3 session.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(5, 3600), default=60.0,
-              show_default=True, help="Hard limit for the whole run, in seconds.")
+              show_default=True, help="Hard limit for the whole run, in seconds (with "
+                                      "--ramp, at least its duration + 60).")
 @click.option("--upstream-pool/--no-upstream-pool", default=False, show_default=True,
               help="The router keeps pooled keep-alive connections to each origin, shared "
                    "by concurrent requests (HTTP/2: one multiplexed connection per origin; "
@@ -99,6 +113,21 @@ LAB_MODULES = ("redis", "xxhash", "httpx", "h2", "hypercorn")
                    "127.0.0.x and several labs can run at once. Default: when one can be "
                    "created (root), else in the current namespace, with a note "
                    "[env NETDIAG_LAB_NETNS].")
+@click.option("--ramp", "ramp", metavar="FROM:TO:DURATION", callback=_ramp_option,
+              help="Open-loop load instead of --requests/--concurrency: per path, Poisson "
+                   "arrivals whose rate ramps linearly from FROM to TO requests/s over "
+                   "DURATION (30s, 500ms, 2m or seconds), each request sent at its "
+                   "scheduled time whatever the servers do (e.g. 50:1500:30s).")
+@click.option("--router-budget", "router_budget", type=click.FloatRange(0, min_open=True),
+              default=None, metavar="R",
+              help="The ROC router admits R requests/s through a queue in Redis: each "
+                   "request waits for its slot (1/R s apart), refused with 429 beyond "
+                   "--router-queue waiting. Default: no queue (the per-model token "
+                   "budget only).")
+@click.option("--router-queue", "router_queue", type=click.IntRange(0, 1_000_000),
+              default=50, show_default=True, metavar="N",
+              help="Requests that may wait in the router's queue (--router-budget); one "
+                   "more is refused with 429.")
 @click.option("--report/--no-report", default=True, show_default=True,
               help="Print the report on the capture at the end (with the profile the lab "
                    "wrote).")
@@ -109,7 +138,9 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         max_connections: int, dpf_tls: str, dpf_dns: str, nx_lookup: bool, resume: bool,
         seed: int, timeout_s: float, upstream_pool: bool, upstream_max_connections: int,
         upstream_source: str, router_protocol: str, origin_protocol: str,
-        request_ids: bool, server_timing: bool, netns: bool | None, report: bool) -> None:
+        request_ids: bool, server_timing: bool, netns: bool | None,
+        ramp: tuple[float, float, float] | None, router_budget: float | None,
+        router_queue: int, report: bool) -> None:
     """Run the ROC/DPF lab on loopback, capture it, and report on the capture.
 
     Real servers on 127.0.0.0/8: DNS (127.0.0.53), the ROC edge (127.0.0.10:443),
@@ -118,7 +149,9 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
     ROC clients connect from 127.0.0.2, DPF clients from 127.0.0.3. The ledger
     <stem>.expected.json records each client request's true chain of upstream requests
     (docs/lab.md). Needs root on Linux (ports 53 and 443, a raw socket on lo, a network
-    namespace) and redis-server.
+    namespace) and redis-server. With --ramp the load is open loop (a Poisson process
+    whose rate ramps), and --router-budget gives the router a queue in Redis, so
+    the latency knee is real.
     """
     from netdiag.lab import LabError, LabParams, run_lab
     from netdiag.lab.redis_store import find_redis_server
@@ -144,11 +177,18 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         timeout_s=timeout_s, upstream_pool=upstream_pool,
         upstream_max_connections=upstream_max_connections, upstream_source=upstream_source,
         router_protocol=router_protocol, origin_protocol=origin_protocol,
-        request_ids=request_ids, server_timing=server_timing, netns=netns)
+        request_ids=request_ids, server_timing=server_timing, netns=netns, ramp=ramp,
+        router_budget_per_s=router_budget, router_queue_limit=router_queue)
     err = stderr_console()
-    err.print(f"netdiag lab: running {requests} requests per path "
-              f"(concurrency {concurrency}) ...", highlight=False)
-    with _watchdog(timeout_s + 60):
+    if ramp is not None:
+        budget = (f", router budget {router_budget:g}/s, queue {router_queue}"
+                  if router_budget is not None else "")
+        err.print(f"netdiag lab: ramping {ramp[0]:g} -> {ramp[1]:g} requests/s per path "
+                  f"over {ramp[2]:g} s (open loop{budget}) ...", highlight=False)
+    else:
+        err.print(f"netdiag lab: running {requests} requests per path "
+                  f"(concurrency {concurrency}) ...", highlight=False)
+    with _watchdog(params.run_timeout_s + 60):
         result = run_lab(out, params, keylog=keylog)
     note = (result.get("netns") or {}).get("note")
     if note:
@@ -226,7 +266,9 @@ def _summary(out: Path, result: dict[str, Any]) -> None:
     d = Table(title="Delays: injected / found in the capture (medians)", title_justify="left")
     for col in ("hop", "injected", "found", "samples"):
         d.add_column(col, justify="left" if col == "hop" else "right")
-    names = {"dns": "DNS answer", "router": "ROC router (own time)",
+    queued = p.get("router_budget_per_s") is not None
+    names = {"dns": "DNS answer",
+             "router": "ROC router (own time + queue)" if queued else "ROC router (own time)",
              "roc_think": "ROC origin think", "dpf_think": "DPF origin think",
              "token_gap": "SSE token gap"}
     for key, label in names.items():
@@ -237,10 +279,56 @@ def _summary(out: Path, result: dict[str, Any]) -> None:
         stderr_console().print(f"[yellow]warning:[/] the kernel dropped "
                                f"{result['capture_drops']} packet(s) before the capture "
                                "could read them", highlight=False)
+    if result.get("ramp"):
+        _ramp_summary(console, result["ramp"])
     errors = result.get("errors") or []
     if errors:
         stderr_console().print(f"[yellow]warning:[/] {len(errors)} request(s) failed: "
                                f"{errors[0]}", highlight=False)
+
+
+def _ramp_summary(console: Any, ramp: dict[str, Any]) -> None:
+    """The ramp: offered and sent per path, send lag, and the knee window by window."""
+    import math
+
+    from rich.table import Table
+
+    from netdiag.lab.ramp import LATE_MS
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    budget = ramp.get("router_budget_per_s")
+    queue = (f"; router budget {budget:g}/s, queue limit {ramp['router_queue_limit']}"
+             if budget is not None else "")
+    t = Table(title=f"Ramp {ramp['from_rps']:g} -> {ramp['to_rps']:g} requests/s per path "
+                    f"over {ramp['duration_s']:g} s (open loop){queue}",
+              title_justify="left")
+    for col in ("path", "offered", "sent", "statuses", "lag p50", "p99", "max (ms)",
+                f"late >{LATE_MS:g}ms"):
+        t.add_column(col, justify="left" if col in ("path", "statuses") else "right")
+    for name in ("ROC", "DPF"):
+        r = ramp[name]
+        lag = r["send_lag_ms"]
+        t.add_row(name, str(r["offered"]), str(r["sent"]),
+                  " ".join(f"{k}×{v}" for k, v in r["statuses"].items()),
+                  num(lag["p50"]), num(lag["p99"]), num(lag["max"]), str(r["late"]))
+    console.print(t)
+    windows = list(zip(ramp["ROC"]["windows"], ramp["DPF"]["windows"], strict=True))
+    step = max(1, math.ceil(len(windows) / 30))
+    every = f", every {step}th" if step > 1 else ""
+    w = Table(title=f"Ramp windows of {ramp['window_s']:g} s by scheduled time{every} "
+                    "(TTFB: the client's, p50; ms)", title_justify="left")
+    for col in ("t s", "offered/s", "ROC ok", "429", "fail", "TTFB", "queue",
+                "DPF ok", "fail", "TTFB", "lag p99"):
+        w.add_column(col, justify="right")
+    for roc, dpf in windows[::step]:
+        lags = [x for x in (roc["send_lag_ms_p99"], dpf["send_lag_ms_p99"]) if x is not None]
+        w.add_row(f"{roc['t_s']:g}", f"{roc['offered_rps']:.0f}", str(roc["ok"]),
+                  str(roc["denied"]), str(roc["failed"]), num(roc["ttfb_ms_p50"]),
+                  num(roc.get("queue_ms_p50")), str(dpf["ok"]), str(dpf["failed"]),
+                  num(dpf["ttfb_ms_p50"]), num(max(lags) if lags else None))
+    console.print(w)
 
 
 def _report(out: Path, profile_path: Path) -> None:

@@ -36,6 +36,13 @@ request caused, by endpoints and stream ids or ordinals (``netdiag.lab.chains``,
 ``docs/lab.md``). :func:`run_lab` runs in a network namespace of its own when it can
 (``netdiag.lab.netns``); :class:`Lab` runs in the caller's.
 
+``LabParams.ramp`` makes the load open loop (``netdiag.lab.ramp``): per path, Poisson
+arrivals whose rate ramps linearly, each request sent at its scheduled time by
+clients in a process of their own (``netdiag.lab.loadgen``); with
+``router_budget_per_s`` the router admits requests through a queue in Redis
+(``netdiag.lab.redis_store.QUEUE_SCRIPT``), so the latency knee is real. Every hop
+logs its own wall-clock timestamps per request: the ledger's ``request_log[].hops``.
+
 ``netdiag.lab.recover`` reads a lab capture back with netdiag's pipeline and finds
 each injected delay on the wire. Heavy imports (hypercorn, httpx, h2, dnspython)
 happen when a lab starts, not on import.

@@ -10,7 +10,9 @@ its ordinal on its Redis connection. Nothing here reads a header: the join is on
 pooled and multiplexed connections and with every proxy connecting from 127.0.0.1.
 
 :func:`build_chains` joins the driver's requests with the edge's and the router's
-logs into the ledger's ``chains`` (format in ``docs/lab.md``).
+logs into the ledger's ``chains`` (format in ``docs/lab.md``), and along the same
+joins, each request's ``hops``: the timestamps every hop logged for it
+(:func:`hop_times`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,36 @@ def _ref(rec: dict[str, Any], hop: str | None = None, parent: int | None = None
     return out
 
 
+HOP_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "edge": (("received", "forwarded"), ()),
+    "router": (("received", "dispatched"), ("store_ms", "queue_ms", "denied")),
+    "origin": (("received", "answered"), ()),
+}
+"""Per hop: its timestamp events (``<event>_ns`` in its log) and the fields copied as
+they are."""
+
+
+def hop_times(hop: str, entry: dict[str, Any], sent_ts: float | None) -> dict[str, Any]:
+    """One hop's timestamps for the ledger: per event ``<event>_ts`` (epoch seconds)
+    and ``<event>_ms`` (milliseconds after the client's ``sent_ts``; None without it),
+    plus the hop's own durations (``store_ms``, ``queue_ms``) and flags as logged."""
+    events, copied = HOP_FIELDS[hop]
+    out: dict[str, Any] = {}
+    for event in events:
+        ns = entry.get(f"{event}_ns")
+        out[f"{event}_ts"] = None if ns is None else round(ns / 1e9, 6)
+    for event in events:
+        ns = entry.get(f"{event}_ns")
+        out[f"{event}_ms"] = (None if ns is None or sent_ts is None
+                              else round((ns / 1e9 - sent_ts) * 1000, 3))
+    for name in copied:
+        out[name] = entry.get(name)
+    return out
+
+
 def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
-                 router_log: list[dict[str, Any]], origin_log: list[dict[str, Any]]
+                 router_log: list[dict[str, Any]], origin_log: list[dict[str, Any]],
+                 hops: dict[str, dict[str, Any]] | None = None
                  ) -> tuple[list[dict[str, Any]], list[str]]:
     """(chains, problems): one chain per client request that got an answer.
 
@@ -46,12 +76,18 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
     ``server``, ``stream_id``); the logs are the hops' (``inbound_key`` fields plus
     ``upstream``). A problem is a request a hop says it sent that the next hop never
     logged receiving, or a client request no hop logged: the lab's bookkeeping failed.
+    With ``hops``, fills ``hops[request_id]`` with ``{"edge": ..., "router": ...,
+    "origin": ...}`` (:func:`hop_times` of each hop the chain reached; DPF: ``origin``
+    only; a request no hop logged: ``{}``).
     """
     by_key: dict[str, dict[Key, dict[str, Any]]] = {
         "edge": {key_of(e): e for e in edge_log},
         "router": {key_of(e): e for e in router_log},
     }
-    origins = {key_of(e) for e in origin_log}
+    origins = {key_of(e): e for e in origin_log}
+    if hops is not None:
+        for req in requests:
+            hops[req["request_id"]] = {}
     problems: list[str] = []
     chains: list[dict[str, Any]] = []
     for req in sorted(requests, key=lambda r: r["request_id"]):
@@ -62,15 +98,23 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
         chain: dict[str, Any] = {"path": req["path"], "request_id": req["request_id"],
                                  "client": client, "upstream": [], "server_timing": None}
         chains.append(chain)
+        mine: dict[str, Any] = {}
+        if hops is not None:
+            hops[req["request_id"]] = mine
+        sent_ts = req.get("sent_ts")
         first = "edge" if req["path"] == "ROC" else "origin"
         if first == "origin":
-            if key_of(client) not in origins:
+            origin = origins.get(key_of(client))
+            if origin is None:
                 problems.append(f"{req['request_id']}: no origin logged {key_of(client)}")
+            else:
+                mine["origin"] = hop_times("origin", origin, sent_ts)
             continue
         edge = by_key["edge"].get(key_of(client))
         if edge is None:
             problems.append(f"{req['request_id']}: the edge logged no request {key_of(client)}")
             continue
+        mine["edge"] = hop_times("edge", edge, sent_ts)
         chain["server_timing"] = edge.get("server_timing")
         # breadth over the hops: (log entry, its index in [client, upstream...])
         todo: list[tuple[dict[str, Any], int]] = [(edge, 0)]
@@ -86,7 +130,12 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
                         problems.append(f"{req['request_id']}: the router logged no request "
                                         f"{key_of(out)}")
                     else:
+                        mine.setdefault("router", hop_times("router", nxt, sent_ts))
                         todo.append((nxt, index))
-                elif hop == "origin" and key_of(out) not in origins:
-                    problems.append(f"{req['request_id']}: no origin logged {key_of(out)}")
+                elif hop == "origin":
+                    origin = origins.get(key_of(out))
+                    if origin is None:
+                        problems.append(f"{req['request_id']}: no origin logged {key_of(out)}")
+                    else:
+                        mine.setdefault("origin", hop_times("origin", origin, sent_ts))
     return chains, problems

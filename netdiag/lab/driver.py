@@ -12,19 +12,32 @@
   ``request_ids`` is off) ``x-request-id``; all are ``POST`` with a small JSON body.
 * Every TLS secret goes to the key log (the clients' ``ssl`` context ``keylog_filename``).
 
+With ``LabParams.ramp`` the load is open loop instead (``netdiag.lab.ramp``): per
+path, requests arrive at the times of a Poisson process whose rate ramps from
+``from_rps`` to ``to_rps``; a scheduler launches each as a task of its own at its
+time and never waits for an answer, over the lab's lean HTTP/2 client
+(``netdiag.lab.h2client``, the one its proxies use: none of httpx's per-request pool
+and model machinery), on connections opened before the clock starts and as many
+more as the servers' stream limit asks for (``RAMP_MAX_CONNECTIONS`` per server).
+The ramp's driver runs in a process of its own (``netdiag.lab.loadgen``).
+
 The ledger records, per request, what the client saw (status, stream id, local
-endpoint, response headers that name the hops, SSE events), per connection its TLS
-facts, and every DNS query.
+endpoint, response headers that name the hops, SSE events, ``scheduled_ts`` and
+``sent_ts``), per connection its TLS facts, and every DNS query.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import random
 import socket
 import ssl
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +48,41 @@ import dns.rdatatype
 
 from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
+from netdiag.lab.h2client import H2ClientConnection, UpstreamError, bound_socket
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 TLS_NAMES = {"TLSv1.3": "TLS 1.3", "TLSv1.2": "TLS 1.2", "TLSv1.1": "TLS 1.1", "TLSv1": "TLS 1.0"}
 HOP_HEADERS = ("server", "x-origin", "via", "x-router", "x-request-id", "server-timing",
                "x-envoy-upstream-service-time")
 """Response headers the ledger keeps per request (None when absent)."""
+RAMP_LEAD_S = 0.2
+"""The ramp's clock starts this long after its connections are open."""
+RAMP_MAX_CONNECTIONS = 64
+"""Connections a ramp client opens at most to one server (a new one only when every
+other has as many streams open as the server allows)."""
+
+
+@contextlib.contextmanager
+def ramp_priority(realtime: bool) -> Iterator[None]:
+    """During a ramp, the calling thread (the clients' event loop) one real-time
+    priority above the servers (``netdiag.lab.serve.RT_PRIORITY`` + 1, when
+    permitted), restored on exit. The clients
+    stand for the world outside the system under test: the real-time servers keeping
+    both cores busy must not hold back the moment a request leaves."""
+    from netdiag.lab.serve import RT_PRIORITY
+
+    previous: tuple[int, os.sched_param] | None = None
+    if realtime:
+        with contextlib.suppress(AttributeError, OSError, PermissionError):
+            policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY + 1))
+            previous = (policy, param)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            with contextlib.suppress(OSError, PermissionError):
+                os.sched_setscheduler(0, *previous)
 
 
 def dpf_pick(model: str, user: str, bucket: int, origins: int) -> int:
@@ -74,6 +116,24 @@ class PlannedRequest:
                 "messages": [{"role": "user", "content": f"hello from {self.user}"}]}
 
 
+def ramp_plan(p: P.LabParams) -> dict[str, list[tuple[float, PlannedRequest]]]:
+    """Per path, (scheduled offset in s, request) of a ramp: the schedule
+    (``netdiag.lab.ramp.ramp_schedule``) and a mix drawn from the seed."""
+    from netdiag.lab.ramp import ramp_schedule
+
+    assert p.ramp is not None
+    out: dict[str, list[tuple[float, PlannedRequest]]] = {}
+    for path in ("ROC", "DPF"):
+        times = ramp_schedule(p.ramp, p.seed, path)
+        rng = random.Random(f"netdiag-lab-mix|{p.seed}|{path}")
+        width = max(4, len(str(len(times))))
+        out[path] = [(t, PlannedRequest(f"{path.lower()}-{i + 1:0{width}d}", path,
+                                        rng.random() < p.sse_share, rng.choice(p.models),
+                                        f"user-{rng.randrange(p.users) + 1:02d}"))
+                     for i, t in enumerate(times)]
+    return out
+
+
 def plan(p: P.LabParams) -> dict[str, list[PlannedRequest]]:
     """The request mix of both paths, from the seed (the same on every run)."""
     rng = random.Random(p.seed)
@@ -100,6 +160,10 @@ class Ledger:
     """Every request: what the client sent and saw."""
     errors: list[str] = field(default_factory=list)
     """Requests that failed, one line each."""
+    ramp_start_ts: float | None = None
+    """Wall clock (epoch s) at which a ramp's schedule starts (None: no ramp)."""
+    offered: dict[str, int] = field(default_factory=dict)
+    """Requests a ramp scheduled, per path."""
 
     def connection(self, path: str, client: str, server: str, sni: str,
                    ssl_object: Any) -> dict[str, Any]:
@@ -118,6 +182,74 @@ class Ledger:
         return rec
 
 
+class _RampPool:
+    """A ramp client's HTTP/2 connections to one server (TLS, from ``source``).
+
+    A request takes the first connection with a stream to spare (under the server's
+    ``SETTINGS_MAX_CONCURRENT_STREAMS``); a new connection opens only when every one is
+    full, at most ``RAMP_MAX_CONNECTIONS``; beyond that a request waits for a stream.
+    """
+
+    def __init__(self, ip: str, port: int, sni: str, ctx: ssl.SSLContext, source: str,
+                 timeout: float) -> None:
+        self.ip = ip
+        self.port = port
+        self.sni = sni
+        self.ctx = ctx
+        self.source = source
+        self.timeout = timeout
+        self.conns: list[H2ClientConnection] = []
+        self._opening: asyncio.Future[H2ClientConnection] | None = None
+
+    @staticmethod
+    def _room(conn: H2ClientConnection) -> bool:
+        return (not conn.closed
+                and len(conn.exchanges) < conn.conn.remote_settings.max_concurrent_streams)
+
+    async def warm(self) -> None:
+        """Open the first connection now (before the ramp's clock starts)."""
+        await self.get()
+
+    async def get(self) -> H2ClientConnection:
+        """A connection with a free stream (opened now if need be)."""
+        while True:
+            self.conns = [c for c in self.conns if not c.closed]
+            for conn in self.conns:
+                if self._room(conn):
+                    return conn
+            if self._opening is not None:
+                await asyncio.shield(self._opening)
+                continue
+            if len(self.conns) >= RAMP_MAX_CONNECTIONS:
+                await min(self.conns, key=lambda c: len(c.exchanges)).stream_slot()
+                continue
+            fut: asyncio.Future[H2ClientConnection] = (
+                asyncio.get_running_loop().create_future())
+            self._opening = fut
+            try:
+                try:
+                    sock = bound_socket(self.source)
+                except OSError as exc:
+                    raise UpstreamError(f"cannot bind {self.source}: {exc}") from exc
+                conn = await H2ClientConnection.open(self.ip, self.port, self.sni, self.ctx,
+                                                     sock, self.timeout)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: no "never retrieved" noise
+                raise
+            finally:
+                self._opening = None
+            self.conns.append(conn)
+            fut.set_result(conn)
+            return conn
+
+    async def close(self) -> None:
+        """GOAWAY on every connection; the server closes first."""
+        conns, self.conns = self.conns, []
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+
+
 class Driver:
     """Runs the load of one ``drive()``."""
 
@@ -128,6 +260,10 @@ class Driver:
         self.topology = P.Topology(p.origins)
         self._dns_cache: dict[tuple[str, str], asyncio.Future[str]] = {}
         self._last_roc_session: ssl.SSLSession | None = None
+        self._last_roc_ssl: Any = None
+        """A ramp's last ROC ``SSLObject`` (its ``session`` costs most of a millisecond
+        to take: only for ``roc_resume``, after the load)."""
+        self._pools: dict[tuple[str, str], _RampPool] = {}
 
     # ------------------------------------------------------------------ DNS
 
@@ -189,12 +325,13 @@ class Driver:
         headers.update({"x-model": req.model, "x-user": req.user,
                         "accept": "text/event-stream" if req.sse else "application/json"})
         url = f"https://{ip}:{port}{req.url_path}"
-        started = time.perf_counter()
         record: dict[str, Any] = {"request_id": req.rid, "path": req.path,
                                   "kind": "sse" if req.sse else "json", "method": "POST",
                                   "url_path": req.url_path, "model": req.model,
                                   "user": req.user, "sni": name, "server": f"{ip}:{port}",
-                                  **(extra or {})}
+                                  **(extra or {}), "scheduled_ts": None,
+                                  "sent_ts": round(time.time(), 6)}
+        started = time.perf_counter()
         try:
             async with client.stream("POST", url, json=req.body(), headers=headers,
                                      extensions={"sni_hostname": name}) as resp:
@@ -297,8 +434,175 @@ class Driver:
                 await pooled.aclose()
 
     async def run(self) -> None:
+        if self.p.ramp is not None:
+            await self._ramp()
+            return
         reqs = plan(self.p)
         await asyncio.gather(self._roc(reqs["ROC"]), self._dpf(reqs["DPF"]))
+
+    # ------------------------------------------------------------------ ramp
+
+    def _ramp_headers(self, req: PlannedRequest, name: str, body: bytes
+                      ) -> list[tuple[str, str]]:
+        headers = [(":method", "POST"), (":scheme", "https"), (":authority", name),
+                   (":path", req.url_path), ("user-agent", self.p.user_agent)]
+        if self.p.request_ids:
+            headers.append(("x-request-id", req.rid))
+        headers += [("x-model", req.model), ("x-user", req.user),
+                    ("accept", "text/event-stream" if req.sse else "application/json"),
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(body)))]
+        return headers
+
+    def _dpf_target(self, req: PlannedRequest) -> tuple[int, int, str]:
+        """(bucket, 0-based origin, origin name) DPF's hash picks for ``req`` now."""
+        p = self.p
+        bucket = (p.hash_bucket if p.hash_bucket is not None
+                  else int(time.time() // p.hash_bucket_s))
+        origins = self.topology.dpf_origins
+        index = dpf_pick(req.model, req.user, bucket, len(origins))
+        return bucket, index, origins[index][1]
+
+    async def _ramp(self) -> None:
+        """The open loop: every request its own task, launched at its scheduled time."""
+        p = self.p
+        assert p.ramp is not None
+        loop = asyncio.get_running_loop()
+        schedule = ramp_plan(p)
+        self.ledger.offered = {path: len(items) for path, items in schedule.items()}
+        if p.nx_lookup:
+            answers = await self.lookup(P.NX_NAME, P.ROC_CLIENT_IP, "udp", "ROC")
+            if answers:
+                raise LabError(f"{P.NX_NAME} unexpectedly resolved to {answers}")
+        # names and connections before the clock starts: the schedule pays for neither
+        edge_ip = await self.resolve(P.EDGE_NAME, P.ROC_CLIENT_IP, "udp", "ROC")
+        warm: list[Any] = []
+        if p.roc_keepalive:
+            warm.append(self._ramp_pool(P.ROC_CLIENT_IP, edge_ip, P.EDGE_PORT,
+                                        P.EDGE_NAME).warm())
+        names = {self._dpf_target(req)[2] for _, req in schedule["DPF"]}
+        for name in sorted(names):
+            ip = await self.resolve(name, P.DPF_CLIENT_IP, p.dpf_dns_transport, "DPF")
+            if p.dpf_pool:
+                warm.append(self._ramp_pool(P.DPF_CLIENT_IP, ip, P.ORIGIN_PORT, name).warm())
+        try:
+            await asyncio.gather(*warm)
+        except UpstreamError as exc:
+            raise LabError(f"the ramp's first connections failed: {exc}") from exc
+        t0 = loop.time() + RAMP_LEAD_S
+        wall0 = time.time() + (t0 - loop.time())
+        self.ledger.ramp_start_ts = wall0
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def scheduler(items: list[tuple[float, PlannedRequest]]) -> None:
+            for offset, req in items:
+                delay = t0 + offset - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = loop.create_task(self._ramp_request(req, wall0 + offset))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        try:
+            with ramp_priority(p.realtime):
+                await asyncio.gather(scheduler(schedule["ROC"]), scheduler(schedule["DPF"]))
+                while tasks:
+                    await asyncio.gather(*list(tasks))
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            pools, self._pools = list(self._pools.values()), {}
+            await asyncio.gather(*(pool.close() for pool in pools), return_exceptions=True)
+
+    def _ramp_pool(self, source: str, ip: str, port: int, name: str) -> _RampPool:
+        pool = self._pools.get((source, ip))
+        if pool is None:
+            pool = self._pools[(source, ip)] = _RampPool(ip, port, name, self.ctx, source,
+                                                   self.p.client_timeout_s)
+        return pool
+
+    async def _ramp_request(self, req: PlannedRequest, scheduled: float) -> None:
+        """One request of a ramp, launched at its time (``scheduled``, epoch s)."""
+        p = self.p
+        loop = asyncio.get_running_loop()
+        record: dict[str, Any] = {"request_id": req.rid, "path": req.path,
+                                  "kind": "sse" if req.sse else "json", "method": "POST",
+                                  "url_path": req.url_path, "model": req.model,
+                                  "user": req.user}
+        if req.path == "ROC":
+            source, port, name, pooled = P.ROC_CLIENT_IP, P.EDGE_PORT, P.EDGE_NAME, p.roc_keepalive
+            transport = "udp"
+        else:
+            bucket, index, name = self._dpf_target(req)
+            source, port, pooled = P.DPF_CLIENT_IP, P.ORIGIN_PORT, p.dpf_pool
+            transport = p.dpf_dns_transport
+            record["hash"] = {"bucket": bucket, "origin": index + 1}
+        record.update({"sni": name, "server": None, "scheduled_ts": round(scheduled, 6),
+                       "sent_ts": None})
+        own: H2ClientConnection | None = None
+        ex: Any = None
+        try:
+            ip = await self.resolve(name, source, transport, req.path)
+            record["server"] = f"{ip}:{port}"
+            body = json.dumps(req.body(), separators=(",", ":")).encode()
+            headers = self._ramp_headers(req, name, body)
+            first: list[float] = []
+
+            def on_headers(status: int, hdrs: list[tuple[str, str]], started: float) -> None:
+                first.append(started)
+
+            if pooled:
+                conn = await self._ramp_pool(source, ip, port, name).get()
+                sent = loop.time()
+                record["sent_ts"] = round(time.time(), 6)
+                ex = conn.start(headers, False, on_headers)
+                await conn.send_data_when_open(ex.stream_id, body)
+            else:
+                sock = bound_socket(source)
+                sent = loop.time()
+                record["sent_ts"] = round(time.time(), 6)
+                conn = own = await H2ClientConnection.open(
+                    ip, port, name, self.ctx, sock, p.client_timeout_s,
+                    first=(headers, body, on_headers))
+                ex = conn.first
+            assert ex is not None
+            stream_id = ex.stream_id
+            status, resp_headers = await ex.response()
+            ttfb = (first[0] if first else loop.time()) - sent
+            chunks = [chunk async for chunk in ex.body()]
+            ex = None
+            total = loop.time() - sent
+            got = dict(resp_headers)
+            ssl_object = conn.transport.get_extra_info("ssl_object") if conn.transport else None
+            record.update({
+                "status": status, "stream_id": stream_id,
+                "client": conn.local,
+                "headers": {h: got.get(h) for h in HOP_HEADERS},
+                "client_ttfb_ms": round(ttfb * 1000, 3),
+                "client_total_ms": round(total * 1000, 3)})
+            events = 0
+            if req.sse and status == 200:
+                events = sum(1 for line in b"".join(chunks).split(b"\n")
+                             if line.startswith(b"data:"))
+                record["events"] = events
+            conn_rec = self.ledger.connection(req.path, conn.local, f"{ip}:{port}", name,
+                                              ssl_object)
+            entry = {"method": "POST", "path": req.url_path, "status": status,
+                     "stream_id": record["stream_id"], "request_id": req.rid}
+            if req.sse:
+                entry["events"] = events
+            conn_rec["requests"].append(entry)
+            if req.path == "ROC" and ssl_object is not None:
+                self._last_roc_ssl = ssl_object
+        except Exception as exc:  # recorded, as in the closed loop: the ramp goes on
+            record.update({"status": None, "error": repr(exc)})
+            self.ledger.errors.append(f"{req.rid}: {exc!r}")
+        finally:
+            if ex is not None:
+                ex.cancel()
+            if own is not None:
+                await own.close()
+        self.ledger.requests.append(record)
 
     # ------------------------------------------------------------------ resumption
 
@@ -307,10 +611,13 @@ class Driver:
         from netdiag.lab.h2sync import h2_get_resumed
 
         session = self._last_roc_session
+        if self._last_roc_ssl is not None:
+            session = self._last_roc_ssl.session
         if session is None:
             raise LabError("no ROC TLS session to resume")
         ip = self._dns_cache_result(P.ROC_CLIENT_IP, P.EDGE_NAME) or P.EDGE_IP
         rid = "roc-resumed"
+        sent_ts = round(time.time(), 6)
         rec, req = h2_get_resumed(self.ctx, ip, P.EDGE_PORT, P.EDGE_NAME, P.ROC_CLIENT_IP,
                                   session, rid if self.p.request_ids else None,
                                   self.p.client_timeout_s, self.p.user_agent)
@@ -325,7 +632,7 @@ class Driver:
             "url_path": req["path"], "model": self.p.models[0], "user": "user-resume",
             "sni": P.EDGE_NAME, "server": rec["server"], "status": req["status"],
             "stream_id": req["stream_id"], "client": rec["client"],
-            "headers": req.pop("headers")})
+            "headers": req.pop("headers"), "scheduled_ts": None, "sent_ts": sent_ts})
 
     def _dns_cache_result(self, source: str, name: str) -> str | None:
         fut = self._dns_cache.get((source, name))

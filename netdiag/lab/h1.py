@@ -166,6 +166,7 @@ class H1Stream:
         self.t_headers = t_headers
         """Loop time at which the request head's first bytes were read."""
         self.wall_headers = wall
+        """Wall clock (``time.time_ns()``) of that same moment."""
         self.keep_alive = keep_alive
         self._body = bytearray()
         self._ended = asyncio.Event()
@@ -268,12 +269,14 @@ class H1ServerProtocol(asyncio.Protocol):
         self._head_t: float | None = None
         self._head_wall = 0
         self._arrival: float | None = None
+        self._arrival_wall = 0
         self._goaway = False
         self.streams: dict[int, H1Stream] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         loop = asyncio.get_running_loop()
         self._arrival = loop.time()  # bytes read in this callback arrived when it began
+        self._arrival_wall = time.time_ns()
         loop.call_soon(self._forget_arrival)
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
@@ -293,9 +296,12 @@ class H1ServerProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
-        now = self._arrival if self._arrival is not None else asyncio.get_running_loop().time()
+        if self._arrival is not None:
+            now, wall = self._arrival, self._arrival_wall
+        else:
+            now, wall = asyncio.get_running_loop().time(), time.time_ns()
         if self._head_t is None and self._receiving is None:
-            self._head_t, self._head_wall = now, time.time_ns()
+            self._head_t, self._head_wall = now, wall
         self._buf += data
         try:
             self._parse()
@@ -408,16 +414,21 @@ class H1ServerProtocol(asyncio.Protocol):
 class _AlpnDispatch(asyncio.Protocol):
     """A TLS connection's protocol by its ALPN: HTTP/2 for ``h2``, else HTTP/1.1."""
 
-    def __init__(self, handler: Handler, connections: set[Any]) -> None:
+    def __init__(self, handler: Handler, connections: set[Any],
+                 max_streams: int | None = None, connection_window: int | None = None
+                 ) -> None:
         self.handler = handler
         self.connections = connections
+        self.max_streams = max_streams
+        self.connection_window = connection_window
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         from netdiag.lab.h2server import H2ServerProtocol
 
         ssl_object = transport.get_extra_info("ssl_object")
         alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
-        proto: asyncio.Protocol = (H2ServerProtocol(self.handler, self.connections)
+        proto: asyncio.Protocol = (H2ServerProtocol(self.handler, self.connections,
+                                                    self.max_streams, self.connection_window)
                                    if alpn == "h2" else
                                    H1ServerProtocol(self.handler, self.connections, "https"))
         transport.set_protocol(proto)
@@ -426,12 +437,16 @@ class _AlpnDispatch(asyncio.Protocol):
 
 async def start_http_server(handler: Handler, socks: list[socket.socket],
                             ssl_context: ssl.SSLContext | None = None,
-                            cleartext: str = "h2") -> tuple[list[asyncio.Server], set[Any]]:
+                            cleartext: str = "h2", max_streams: int | None = None,
+                            connection_window: int | None = None
+                            ) -> tuple[list[asyncio.Server], set[Any]]:
     """Serve ``handler`` on pre-bound listening sockets.
 
     Over TLS a connection speaks what its ALPN chose (``h2``, else HTTP/1.1); in
-    cleartext ``cleartext``: ``h2`` (prior knowledge, h2c) or ``http1``. Stop it with
-    ``netdiag.lab.h2server.stop_h2_server``.
+    cleartext ``cleartext``: ``h2`` (prior knowledge, h2c) or ``http1``. HTTP/2
+    connections advertise ``max_streams`` concurrent streams (None: h2's 100) and open
+    their connection-level receive window to ``connection_window`` bytes (None: the
+    protocol's 65,535). Stop it with ``netdiag.lab.h2server.stop_h2_server``.
     """
     from netdiag.lab.h2server import H2ServerProtocol
 
@@ -440,10 +455,10 @@ async def start_http_server(handler: Handler, socks: list[socket.socket],
 
     def factory() -> asyncio.Protocol:
         if ssl_context is not None:
-            return _AlpnDispatch(handler, connections)
+            return _AlpnDispatch(handler, connections, max_streams, connection_window)
         if cleartext == "http1":
             return H1ServerProtocol(handler, connections, "http")
-        return H2ServerProtocol(handler, connections)
+        return H2ServerProtocol(handler, connections, max_streams, connection_window)
 
     servers = [await loop.create_server(factory, sock=sock, ssl=ssl_context, backlog=1024)
                for sock in socks]

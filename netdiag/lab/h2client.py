@@ -286,6 +286,30 @@ class H2ClientConnection(asyncio.Protocol):
         if flush:
             self.flush()
 
+    async def send_data_when_open(self, stream_id: int, body: bytes) -> None:
+        """``send_data``, first waiting (up to the timeout) for the flow-control window
+        to take ``body`` whole: a busy server that has not read the previous bodies yet
+        holds this one back instead of failing it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            if self.closed:
+                raise UpstreamError("the connection is closed")
+            try:
+                room = min(self.conn.local_flow_control_window(stream_id),
+                           self.conn.max_outbound_frame_size)
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                raise UpstreamError(f"the stream is gone: {exc!r}") from exc
+            if room >= len(body):
+                self.send_data(stream_id, body)
+                return
+            self._window.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise UpstreamError("no flow-control window for the request body in time")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._window.wait(), left)
+
     async def request(self, headers: list[tuple[str, str]], body: bytes,
                       on_headers: OnHeaders | None = None) -> Exchange:
         """Send a whole request; await ``.response()`` / iterate ``.body()`` on the result."""

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 
 log = logging.getLogger("netdiag.lab.h2server")
 
@@ -44,7 +46,8 @@ class Stream:
         self._ended = asyncio.Event()
         self.gone = False
         self.wall_headers = 0
-        """Wall clock (ns) at which the HEADERS frame was read."""
+        """Wall clock (``time.time_ns()``) at which the HEADERS frame was read (the
+        same moment as ``t_headers``)."""
 
     @property
     def stream_id(self) -> int:
@@ -123,13 +126,19 @@ Handler = Callable[[Stream], Awaitable[None]]
 class H2ServerProtocol(asyncio.Protocol):
     """One server-side connection; each request runs ``handler(stream)`` in a task."""
 
-    def __init__(self, handler: Handler, connections: set[H2ServerProtocol] | None = None
+    def __init__(self, handler: Handler, connections: set[H2ServerProtocol] | None = None,
+                 max_streams: int | None = None, connection_window: int | None = None
                  ) -> None:
         self.handler = handler
         self.connections = connections
         self.transport: asyncio.Transport | None = None
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        if max_streams is not None:  # advertised in the first SETTINGS (h2's default: 100)
+            self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE:
+                    self.conn.DEFAULT_MAX_HEADER_LIST_SIZE})
         self.streams: dict[int, Stream] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.local: tuple[str, int] = ("", 0)
@@ -138,6 +147,8 @@ class H2ServerProtocol(asyncio.Protocol):
         self._goaway = False
         self._closed = False
         self._arrival: float | None = None
+        self._arrival_wall = 0
+        self._connection_window = connection_window
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Requests sent in the same flight as the client's Finished (browsers, curl,
@@ -145,6 +156,7 @@ class H2ServerProtocol(asyncio.Protocol):
         # own work: they arrived when it began.
         loop = asyncio.get_running_loop()
         self._arrival = loop.time()
+        self._arrival_wall = time.time_ns()
         loop.call_soon(self._forget_arrival)
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
@@ -161,6 +173,10 @@ class H2ServerProtocol(asyncio.Protocol):
         if self.connections is not None:
             self.connections.add(self)
         self.conn.initiate_connection()
+        if self._connection_window is not None:  # a WINDOW_UPDATE right after SETTINGS
+            grow = self._connection_window - self.conn.inbound_flow_control_window
+            if grow > 0:
+                self.conn.increment_flow_control_window(grow)
         self.flush()
 
     def _forget_arrival(self) -> None:
@@ -176,9 +192,10 @@ class H2ServerProtocol(asyncio.Protocol):
         await self._window.wait()
 
     def data_received(self, data: bytes) -> None:
-        now = self._arrival if self._arrival is not None else asyncio.get_running_loop().time()
-        import time as _t
-        self._wall = _t.time_ns()
+        if self._arrival is not None:
+            now, wall = self._arrival, self._arrival_wall
+        else:
+            now, wall = asyncio.get_running_loop().time(), time.time_ns()
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -191,7 +208,7 @@ class H2ServerProtocol(asyncio.Protocol):
                 stream = Stream(self, event.stream_id,
                                 [(str(k), str(v)) for k, v in event.headers], now)
                 self.streams[event.stream_id] = stream
-                stream.wall_headers = self._wall
+                stream.wall_headers = wall
                 if event.stream_ended is not None:
                     stream._ended.set()
                 task = asyncio.get_running_loop().create_task(self._run(stream))

@@ -14,7 +14,7 @@
 ``Lab`` binds the lab's addresses in the caller's network namespace; ``run_lab`` runs
 the whole lab in a namespace of its own when it can (``LabParams.netns``,
 ``netdiag.lab.netns``). Everything is bounded in time (``LabParams.timeout_s``) and
-torn down on any exit:
+torn down on any exit (with a ramp, the limit is ``LabParams.run_timeout_s``):
 the servers' thread joined, the sniffer stopped, ``redis-server`` terminated (and
 killed by the kernel should this process die first), temporary files removed.
 """
@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import tempfile
@@ -118,7 +119,7 @@ class Lab:
         from netdiag.lab.redis_store import RedisServer, check_port_free, prepare_store
 
         p = self.params
-        self.deadline = time.monotonic() + p.timeout_s
+        self.deadline = time.monotonic() + p.run_timeout_s
         try:
             self._tmp = tempfile.TemporaryDirectory(prefix="netdiag-lab-")
             tmp = Path(self._tmp.name)
@@ -142,17 +143,18 @@ class Lab:
             self._redis = RedisServer(P.REDIS_IP, P.REDIS_PORT, tmp)
             self._redis.start(timeout=min(10.0, self._remaining()))
             self.redis_sha = prepare_store(P.REDIS_IP, P.REDIS_PORT, list(p.models),
-                                           p.budget_tokens)
+                                           p.budget_tokens,
+                                           queue=p.router_budget_per_s is not None)
         except BaseException:
             self.stop()
             raise
 
     def _remaining(self) -> float:
         if self.deadline is None:
-            return self.params.timeout_s
+            return self.params.run_timeout_s
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise LabError(f"the lab's overall time limit ({self.params.timeout_s:g} s) "
+            raise LabError(f"the lab's overall time limit ({self.params.run_timeout_s:g} s) "
                            "was reached")
         return left
 
@@ -274,16 +276,56 @@ class Lab:
                 await asyncio.wait_for(driver.run(), remaining)
             except TimeoutError:
                 raise LabError(f"the load did not finish within the lab's time limit "
-                               f"({p.timeout_s:g} s)") from None
+                               f"({p.run_timeout_s:g} s)") from None
 
-        asyncio.run(run())
-        if p.roc_resume:
-            driver.resumed_request()
+        if p.ramp is not None:
+            # the open loop's clock must not share this process's interpreter lock
+            # with the capture's thread: the clients run in a process of their own
+            from netdiag.lab.loadgen import run_load
+
+            assert self._tmp is not None
+            tmp = Path(self._tmp.name)
+            with self._ramp_priorities():
+                driver.ledger = run_load(p, tmp / "certs" / "ca.pem", self.keylog, remaining,
+                                         tmp)
+        else:
+            asyncio.run(run())
+            if p.roc_resume:
+                driver.resumed_request()
         # close the pooled hop connections so their ends are in the capture too
         self.servers.command("edge", "close_pools", timeout=min(10.0, self._remaining()))
         self.servers.command("router", "close_pools", timeout=min(10.0, self._remaining()))
         elapsed = time.monotonic() - started
         return self._ledger(driver, elapsed)
+
+    @contextlib.contextmanager
+    def _ramp_priorities(self) -> Any:
+        """During a ramp (with ``realtime``), ``redis-server`` at the servers' real-time
+        priority and the capture's thread one above (with the clients,
+        ``netdiag.lab.driver.ramp_priority``), so that neither is starved when the
+        real-time servers keep both cores busy (a starved sniffer drops packets, a
+        starved Redis stalls the router); restored afterwards."""
+        from netdiag.lab.serve import RT_PRIORITY
+
+        targets: list[tuple[int, int]] = []
+        if self.params.realtime:
+            if self._redis is not None and self._redis.proc is not None:
+                targets.append((self._redis.proc.pid, RT_PRIORITY))
+            # the sniffer is the instrument: above the servers, as the clients are
+            targets += [(t.native_id, RT_PRIORITY + 1) for t in threading.enumerate()
+                        if t.name == "netdiag-capture" and t.native_id is not None]
+        previous: list[tuple[int, int, Any]] = []
+        for tid, priority in targets:
+            with contextlib.suppress(OSError, PermissionError):
+                policy, param = os.sched_getscheduler(tid), os.sched_getparam(tid)
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+                previous.append((tid, policy, param))
+        try:
+            yield
+        finally:
+            for tid, policy, param in previous:
+                with contextlib.suppress(OSError, PermissionError):
+                    os.sched_setscheduler(tid, policy, param)
 
     def token_store_stats(self) -> dict[str, int]:
         """Redis calls per command since the lab started (``INFO commandstats``)."""
@@ -302,8 +344,11 @@ class Lab:
         edge = self.servers.stats("edge")
         origin_log = [x for role in ("roc-origins", "dpf-origins")
                       for x in self.servers.stats(role)["log"]]
+        hops: dict[str, dict[str, Any]] = {}
         chains, problems = build_chains(led.requests, edge.pop("log"), router.pop("log"),
-                                        origin_log)
+                                        origin_log, hops)
+        for r in led.requests:
+            r["hops"] = hops.get(r["request_id"], {})
         conns = list(led.connections.values())
         for c in conns:
             c["requests"].sort(key=lambda r: r["stream_id"] or 0)
@@ -315,6 +360,13 @@ class Lab:
         for k, v in tls.items():
             tls_versions[tls_names.get(k, k)] += v
         requests = sorted(led.requests, key=lambda r: r["request_id"])
+        extra: dict[str, Any] = {}
+        p = self.params
+        if p.ramp is not None:
+            from netdiag.lab.ramp import ramp_summary
+
+            extra["ramp"] = ramp_summary(p.ramp, p.router_budget_per_s, p.router_queue_limit,
+                                         requests, led.ramp_start_ts or 0.0, led.offered)
         return {
             "elapsed_s": round(elapsed, 3),
             "paths": paths,
@@ -347,6 +399,7 @@ class Lab:
             "connection_log": conns,
             "request_log": requests,
             "chains": chains,
+            **extra,
         }
 
     def describe(self) -> dict[str, Any]:

@@ -133,11 +133,11 @@ def run_in_netns(out: Path, params: Any, keylog: Path | None) -> dict[str, Any]:
         try:
             proc.stdin.write(json.dumps(job).encode())
             proc.stdin.close()
-            rc = proc.wait(params.timeout_s + 30)
+            rc = proc.wait(params.run_timeout_s + 30)
         except subprocess.TimeoutExpired:
             _stop_child(proc, GRACE_S)
             raise LabError(f"the lab in its network namespace did not finish within "
-                           f"{params.timeout_s + 30:g} s; stopped") from None
+                           f"{params.run_timeout_s + 30:g} s; stopped") from None
         except BaseException:  # Ctrl-C, a watchdog: the child tears down first
             _stop_child(proc, GRACE_S)
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,22 @@ CORRELATION_HEADERS = ("x-request-id", "x-correlation-id", "request-id", "tracep
 """Headers that tie a request to its hops; none of them is sent with ``request_ids=False``."""
 MAX_ORIGINS = 9
 """Origins per path: ROC ``127.0.0.21..29``, DPF ``127.0.0.31..39``."""
+MAX_RAMP_RPS = 100_000.0
+"""Highest rate a ramp may ask for (requests per second per path)."""
+MAX_RAMP_S = 3600.0
+"""Longest ramp."""
+RAMP_MAX_STREAMS = 4096
+"""With a ramp, the concurrent streams every lab HTTP/2 server allows per connection
+(h2's default is 100), so that neither the clients nor the edge's one connection to
+the router wait for a stream while the router's queue holds requests."""
+RAMP_CONNECTION_WINDOW = 1 << 30
+"""With a ramp, every lab HTTP/2 server's connection-level receive window (the
+protocol's initial one is 65,535 bytes): the request bodies of thousands of requests
+in flight never wait for a WINDOW_UPDATE from a busy server (the open loop keeps
+sending; TCP and the servers' own pace are what hold them)."""
+RAMP_TIMEOUT_MARGIN_S = 60.0
+"""With a ramp, the run's time limit is at least its duration plus this (start, the
+queue draining, stop)."""
 
 
 def roc_origin(n: int) -> tuple[str, str]:
@@ -140,6 +157,24 @@ class LabParams:
     fresh network namespace with only ``lo`` up, so it never collides with anything on
     ``127.0.0.x`` and several labs can run at once. None: when root and a namespace can
     be created, else in the current namespace (the ledger's ``netns`` says which)."""
+    ramp: tuple[float, float, float] | None = None
+    """(from_rps, to_rps, duration_s): an open-loop load instead of the closed loop.
+    Per path, requests arrive as a Poisson process whose rate ramps linearly from
+    ``from_rps`` to ``to_rps`` requests per second over ``duration_s`` seconds, each
+    sent at its scheduled time whatever the servers do (``netdiag.lab.driver``); the
+    schedule comes from ``seed``. ``requests``, ``concurrency``, ``request_gap_ms`` and
+    ``max_connections`` are then ignored, and the run's time limit is at least
+    ``duration_s`` + ``RAMP_TIMEOUT_MARGIN_S`` (``run_timeout_s``). None: the closed
+    loop (docs/lab.md, "Ramps")."""
+    router_budget_per_s: float | None = None
+    """The ROC router's request budget per second, kept in Redis as a queue: each
+    request takes the next free slot (slots ``1/router_budget_per_s`` apart, one key
+    for the router), the router holds it until its slot comes, and refuses it (429)
+    when more than ``router_queue_limit`` slots are ahead of it. None: no queue, the
+    per-model token budget script alone (today's router)."""
+    router_queue_limit: int = 50
+    """Requests that may wait in the router's queue (``router_budget_per_s``); one more
+    is refused with 429."""
 
     def __post_init__(self) -> None:
         if self.requests < 0:
@@ -176,6 +211,26 @@ class LabParams:
             raise ValueError(f"router_protocol must be one of {', '.join(ROUTER_PROTOCOLS)}")
         if self.origin_protocol not in ORIGIN_PROTOCOLS:
             raise ValueError(f"origin_protocol must be one of {', '.join(ORIGIN_PROTOCOLS)}")
+        if self.ramp is not None:
+            try:
+                ramp = tuple(float(x) for x in self.ramp)
+            except (TypeError, ValueError):
+                raise ValueError("ramp must be (from_rps, to_rps, duration_s)") from None
+            if len(ramp) != 3 or not all(math.isfinite(x) for x in ramp):
+                raise ValueError("ramp must be (from_rps, to_rps, duration_s)")
+            lo, hi, duration = ramp
+            if lo < 0 or hi <= 0 or duration <= 0:
+                raise ValueError("ramp needs from_rps >= 0, to_rps > 0 and duration_s > 0")
+            if max(lo, hi) > MAX_RAMP_RPS:
+                raise ValueError(f"ramp rates are at most {MAX_RAMP_RPS:g} requests/s")
+            if duration > MAX_RAMP_S:
+                raise ValueError(f"ramp duration is at most {MAX_RAMP_S:g} s")
+            self.ramp = (lo, hi, duration)
+        if self.router_budget_per_s is not None and not (
+                math.isfinite(self.router_budget_per_s) and self.router_budget_per_s > 0):
+            raise ValueError("router_budget_per_s must be > 0")
+        if self.router_queue_limit < 0:
+            raise ValueError("router_queue_limit must be >= 0")
 
     def source_ip(self, own: str) -> str:
         """The address a proxy whose own address is ``own`` connects upstream from."""
@@ -191,9 +246,18 @@ class LabParams:
         """DPF origin think time in ms."""
         return self.think_ms if self.dpf_think_ms is None else self.dpf_think_ms
 
+    @property
+    def run_timeout_s(self) -> float:
+        """The run's hard time limit: ``timeout_s``, with a ramp at least its duration
+        plus ``RAMP_TIMEOUT_MARGIN_S``."""
+        if self.ramp is None:
+            return self.timeout_s
+        return max(self.timeout_s, self.ramp[2] + RAMP_TIMEOUT_MARGIN_S)
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["models"] = list(self.models)
+        out["ramp"] = list(self.ramp) if self.ramp is not None else None
         out["roc_think_ms"] = self.roc_think
         out["dpf_think_ms"] = self.dpf_think
         return out

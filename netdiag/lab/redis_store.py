@@ -1,9 +1,17 @@
-"""The ROC router's token store: a real ``redis-server`` and its budget script.
+"""The ROC router's token store: a real ``redis-server`` and its scripts.
 
 The lab starts Debian's ``redis-server`` on its own address with no persistence,
-loads one Lua script and the router calls it with ``EVALSHA`` once per request: the
-script refills a per-model budget hash by the time elapsed and takes the request's
-cost from it, atomically, as the original ROC design did.
+loads a Lua script and the router calls it with ``EVALSHA`` once per request:
+
+* ``BUDGET_SCRIPT`` (the default): refills a per-model budget hash by the time
+  elapsed and takes the request's cost from it, atomically, as the original ROC
+  design did;
+* ``QUEUE_SCRIPT`` (``LabParams.router_budget_per_s``): a queueing rate limit, the
+  "virtual scheduling" form of GCRA. One key (``QUEUE_KEY``) holds the time (ms, a
+  float string) at which the router's next slot frees; a request arriving at
+  ``now`` starts at ``max(now, next_free)``, slots ``1000 / R`` ms apart, and is
+  refused when more than ``Q`` slots are ahead of it (it would wait longer than
+  ``Q * 1000 / R`` ms). The reply says how long to hold the request.
 """
 
 from __future__ import annotations
@@ -48,6 +56,26 @@ if tokens < cost then
 end
 return {1, redis.call('HINCRBY', KEYS[1], 'tokens', -cost)}
 """
+
+QUEUE_SCRIPT = """
+-- KEYS[1]: the router's queue: the time (ms, a float string) its next slot frees
+-- ARGV: now_ms (fractional), budget per second R, queue limit Q, request id (unused)
+-- returns {1, wait_ms} (hold the request wait_ms, then serve it) or {0, wait_ms}
+-- (refused: more than Q requests are already waiting); wait_ms is a string
+local now = tonumber(ARGV[1])
+local interval = 1000 / tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local start = tonumber(redis.call('GET', KEYS[1]) or ARGV[1])
+if start < now then start = now end
+local wait = start - now
+if wait > limit * interval + 1e-6 then
+  return {0, string.format('%.6f', wait)}
+end
+redis.call('SET', KEYS[1], string.format('%.17g', start + interval))
+return {1, string.format('%.6f', wait)}
+"""
+QUEUE_KEY = "roc:queue"
+"""The Redis key of the router's queue (``QUEUE_SCRIPT``)."""
 
 PR_SET_PDEATHSIG = 1
 
@@ -176,10 +204,18 @@ class RedisServer:
         return self.proc is not None and self.proc.poll() is None
 
 
-def prepare_store(ip: str, port: int, models: list[str], capacity: int) -> str:
+def queue_reply(reply: Any) -> tuple[bool, float]:
+    """(admitted, wait in ms) of a ``QUEUE_SCRIPT`` reply."""
+    allowed, wait = reply
+    return bool(int(allowed)), float(wait.decode() if isinstance(wait, bytes) else wait)
+
+
+def prepare_store(ip: str, port: int, models: list[str], capacity: int,
+                  queue: bool = False) -> str:
     """Load the budget script, fill each model's budget, zero the command statistics.
 
-    Runs before the capture starts; returns the script's SHA1 for ``EVALSHA``.
+    With ``queue``, also load ``QUEUE_SCRIPT`` and empty the router's queue. Runs
+    before the capture starts; returns the budget script's SHA1 for ``EVALSHA``.
     """
     import redis
 
@@ -190,6 +226,9 @@ def prepare_store(ip: str, port: int, models: list[str], capacity: int) -> str:
         now = int(time.time() * 1000)
         for model in models:
             client.hset(budget_key(model), mapping={"tokens": capacity, "ts": now})
+        if queue:
+            client.script_load(QUEUE_SCRIPT)
+            client.delete(QUEUE_KEY)
         client.config_resetstat()
     except redis.RedisError as exc:
         raise LabError(f"cannot prepare the token store: {exc}") from exc

@@ -147,7 +147,11 @@ class _Role:
         from netdiag.lab.h1 import start_http_server
         from netdiag.lab.h2server import stop_h2_server
 
-        lean = [await start_http_server(handler, socks, ctx, self.cleartext)
+        # an open-loop ramp may hold thousands of requests at once on one connection
+        ramp = self.p.ramp is not None
+        lean = [await start_http_server(handler, socks, ctx, self.cleartext,
+                                        P.RAMP_MAX_STREAMS if ramp else None,
+                                        P.RAMP_CONNECTION_WINDOW if ramp else None)
                 for handler, socks, ctx in self.lean]
         await asyncio.sleep(0)
         ready()

@@ -18,11 +18,12 @@ Python per request, which on a small machine would blur the delays the lab injec
   edge's address (or ``127.0.0.1``: ``upstream_source="loopback"``); adds
   ``via: roc-edge`` (and with ``server_timing``, ``server-timing`` and
   ``x-envoy-upstream-service-time``) to the answer;
-* router: h2c or HTTP/1.1; per request one ``EVALSHA`` of the budget script in Redis,
-  then its coordination time, then a ROC origin (round robin) over a NEW TLS
-  connection per request, or pooled ones (``upstream_pool``), HTTP/2 or HTTP/1.1
-  (``origin_protocol``), from the router's address (or ``127.0.0.1``); adds
-  ``x-router: roc-router``;
+* router: h2c or HTTP/1.1; per request one ``EVALSHA`` of the budget script in Redis
+  (or, with ``router_budget_per_s``, of the queue script: the request is then held
+  for the wait Redis grants it, or refused with 429), then its coordination time,
+  then a ROC origin (round robin) over a NEW TLS connection per request, or pooled
+  ones (``upstream_pool``), HTTP/2 or HTTP/1.1 (``origin_protocol``), from the
+  router's address (or ``127.0.0.1``); adds ``x-router: roc-router``;
 * origins: TLS + HTTP/2 or HTTP/1.1 (by ALPN); JSON after a think time, or server-sent
   events (the first after the think time, then one every token gap; chunked over
   HTTP/1.1); ``server: origin-N``, ``x-origin: gpu-N``; ``x-request-id`` echoed when
@@ -30,7 +31,10 @@ Python per request, which on a small machine would blur the delays the lab injec
 
 Every hop logs what it received and what it sent upstream, by endpoints and stream
 id or ordinal (``inbound_key``, ``outbound_key``): ``netdiag.lab.chains`` joins the
-logs into the ledger's true chains.
+logs into the ledger's true chains. Each entry also carries the hop's own wall-clock
+timestamps (``time.time_ns()``, the clock the capture's kernel timestamps use):
+``received_ns`` (the request's HEADERS read), and per hop ``forwarded_ns`` (edge),
+``queue_ms`` and ``dispatched_ns`` (router), ``answered_ns`` (origins).
 """
 
 from __future__ import annotations
@@ -51,7 +55,14 @@ from netdiag.lab.errors import LabError
 from netdiag.lab.h1 import H1Stream
 from netdiag.lab.h2client import H2ClientConnection, UpstreamError, bound_socket
 from netdiag.lab.h2server import Stream
-from netdiag.lab.redis_store import BUDGET_SCRIPT, budget_key, script_sha
+from netdiag.lab.redis_store import (
+    BUDGET_SCRIPT,
+    QUEUE_KEY,
+    QUEUE_SCRIPT,
+    budget_key,
+    queue_reply,
+    script_sha,
+)
 from netdiag.lab.resp import RespPool
 from netdiag.lab.timing import sleep_until
 
@@ -121,7 +132,9 @@ class EdgeStats:
     """Local endpoints of the connections the edge opened to the router."""
     log: list[dict[str, Any]] = field(default_factory=list)
     """Per request received: ``inbound_key`` + ``upstream`` (the router request it
-    sent, ``outbound_key``) + ``server_timing`` (the headers it added, or None)."""
+    sent, ``outbound_key``) + ``server_timing`` (the headers it added, or None) +
+    ``received_ns`` (wall clock at which its HEADERS were read) and ``forwarded_ns``
+    (at which it was handed to the router connection; None if it never was)."""
 
 
 class Edge:
@@ -168,7 +181,8 @@ class Edge:
     async def handle(self, stream: Stream | H1Stream) -> None:
         loop = asyncio.get_running_loop()
         self.stats.requests += 1
-        entry: dict[str, Any] = {**inbound_key(stream), "upstream": [], "server_timing": None}
+        entry: dict[str, Any] = {**inbound_key(stream), "upstream": [], "server_timing": None,
+                                 "received_ns": stream.wall_headers, "forwarded_ns": None}
         self.stats.log.append(entry)
         via = [("via", "roc-edge")]
         authority = stream.header(":authority") or P.EDGE_NAME
@@ -201,6 +215,7 @@ class Edge:
                 await conn.stream_slot()
                 ended = stream.ended
                 forwarded.append(loop.time())
+                entry["forwarded_ns"] = time.time_ns()
                 ex = conn.start(headers, end_stream=ended, on_headers=relay)
                 if not ended:
                     ex.send_body(await stream.body())
@@ -209,6 +224,7 @@ class Edge:
                 body = await stream.body()
                 conn = h1conn = await self.h1.acquire()
                 forwarded.append(loop.time())
+                entry["forwarded_ns"] = time.time_ns()
                 ex = conn.start(headers, body, on_headers=relay)
             entry["upstream"].append(outbound_key("router", conn,
                                                   f"{P.ROUTER_IP}:{P.ROUTER_PORT}", ex))
@@ -236,7 +252,7 @@ class RouterStats:
     requests: int = 0
     """Requests received from the edge."""
     denied: int = 0
-    """Requests the token budget refused (429)."""
+    """Requests the token budget (or the queue, when full) refused (429)."""
     errors: int = 0
     """Requests that failed at the token store (503) or the origin (502)."""
     redis_commands: int = 0
@@ -248,11 +264,22 @@ class RouterStats:
     """Redis connections opened before the last ``reset`` (not this load's)."""
     log: list[dict[str, Any]] = field(default_factory=list)
     """Per request received: ``inbound_key`` + ``request_id`` (the header, or None) +
-    ``upstream``: the token-store call and the origin request it made, in order."""
+    ``upstream``: the token-store call and the origin request it made, in order; and
+    ``received_ns`` (wall clock at which its HEADERS were read), ``store_ms`` (the
+    ``EVALSHA`` round trip), ``queue_ms`` (the wait the queue granted, or would have
+    had when refused; None without ``router_budget_per_s``), ``denied`` (answered
+    429), ``dispatched_ns`` (when it sent the origin request on a pooled connection,
+    or began opening the request's own connection; None if it never did)."""
 
 
 class Router:
-    """Token budget in Redis, coordination time, then the origin.
+    """Token budget (or queue) in Redis, coordination time, then the origin.
+
+    With ``router_budget_per_s`` the ``EVALSHA`` is of ``QUEUE_SCRIPT`` on one key for
+    the router: Redis grants each request a start time (slots ``1/R`` apart) and the
+    router holds the request until then (that is the queue), or refuses it with 429
+    when ``router_queue_limit`` requests are already waiting. The wait is added to the
+    time below; without it, the per-model token budget as always.
 
     ``router_delay_ms`` is the router's own time per request as the wire sees it: from
     the request's arrival to its answer, minus the ``EVALSHA`` round trip and minus the
@@ -275,6 +302,7 @@ class Router:
     def __init__(self, p: P.LabParams, upstream_ctx: ssl.SSLContext) -> None:
         self.p = p
         self.sha = script_sha(BUDGET_SCRIPT)
+        self.queue_sha = script_sha(QUEUE_SCRIPT)
         self.ctx = upstream_ctx
         self.stats = RouterStats()
         self.origins = P.Topology(p.origins).roc_origins
@@ -325,17 +353,33 @@ class Router:
         self.stats.requests += 1
         mine = [("x-router", "roc-router")]
         rid = stream.header("x-request-id")
-        entry: dict[str, Any] = {**inbound_key(stream), "request_id": rid, "upstream": []}
+        entry: dict[str, Any] = {**inbound_key(stream), "request_id": rid, "upstream": [],
+                                 "received_ns": stream.wall_headers, "store_ms": None,
+                                 "queue_ms": None, "denied": False, "dispatched_ns": None}
         self.stats.log.append(entry)
         model = stream.header("x-model") or p.models[0]
+        budget = p.router_budget_per_s
+        queued = budget is not None
+        wait_s = 0.0
         try:
             self.stats.redis_commands += 1
             sent = loop.time()
-            reply, local, ordinal = await self.store.call_traced(
-                "EVALSHA", self.sha, 1, budget_key(model), int(time.time() * 1000),
-                p.request_cost, p.budget_tokens, p.refill_per_s, rid or "-")
+            if budget is not None:
+                reply, local, ordinal = await self.store.call_traced(
+                    "EVALSHA", self.queue_sha, 1, QUEUE_KEY, f"{time.time_ns() / 1e6:.3f}",
+                    repr(float(budget)), p.router_queue_limit, rid or "-")
+            else:
+                reply, local, ordinal = await self.store.call_traced(
+                    "EVALSHA", self.sha, 1, budget_key(model), int(time.time() * 1000),
+                    p.request_cost, p.budget_tokens, p.refill_per_s, rid or "-")
             store_s = loop.time() - sent
-            allowed, _left = reply
+            entry["store_ms"] = round(store_s * 1000, 3)
+            if queued:
+                allowed, wait_ms = queue_reply(reply)
+                entry["queue_ms"] = round(wait_ms, 3)
+                wait_s = wait_ms / 1000
+            else:
+                allowed = bool(int(reply[0]))
             entry["upstream"].append({"hop": "token-store", "client": local,
                                       "server": f"{P.REDIS_IP}:{P.REDIS_PORT}",
                                       "stream_id": None, "ordinal": ordinal})
@@ -345,10 +389,14 @@ class Router:
             await _answer_json(stream, 503, {"error": "token store unavailable"}, mine)
             return
         body = await stream.body()
-        if not int(allowed):
+        if not allowed:
             self.stats.denied += 1
-            await _answer_json(stream, 429, {"error": "token budget exhausted"}, mine)
+            entry["denied"] = True
+            what = "queue full" if queued else "token budget exhausted"
+            await _answer_json(stream, 429, {"error": what}, mine)
             return
+        if wait_s > 0:  # the queue: hold the request until its slot
+            await sleep_until(stream.t_headers + store_s + wait_s)
         ip, sni = self.origins[self._next % len(self.origins)]
         self._next += 1
         server = f"{ip}:{P.ORIGIN_PORT}"
@@ -359,7 +407,7 @@ class Router:
         http1 = p.origin_protocol == "http1"
         sock = None if p.upstream_pool else bound_socket(self.source)  # ready before the clock
         try:
-            await sleep_until(stream.t_headers + store_s + p.router_delay_ms / 1000
+            await sleep_until(stream.t_headers + store_s + wait_s + p.router_delay_ms / 1000
                               - self.relay_s)
         except BaseException:
             if sock is not None:
@@ -374,6 +422,8 @@ class Router:
         pooled: Any = None  # (pool, connection) of an HTTP/1.1 pool
         ex: Any = None
         try:
+            if sock is not None:
+                entry["dispatched_ns"] = time.time_ns()
             if sock is not None and http1:
                 upstream = conn = await H1ClientConnection.open(
                     ip, P.ORIGIN_PORT, sni, self.ctx, sock, p.client_timeout_s)
@@ -387,10 +437,12 @@ class Router:
                 pool = self._pool(ip, sni)
                 conn = await pool.acquire()
                 pooled = (pool, conn)
+                entry["dispatched_ns"] = time.time_ns()
                 ex = conn.start(headers, body, relay)
             else:
                 conn = await self._pool(ip, sni).get()
                 await conn.stream_slot()
+                entry["dispatched_ns"] = time.time_ns()
                 ex = conn.start(headers, not body, relay)
                 if body:
                     conn.send_data(ex.stream_id, body)
@@ -443,14 +495,17 @@ class Origins:
         self.sse_events = sse_events
         self.gap_s = gap_s
         self.served: Counter[str] = Counter()
-        self.trace: list[Any] = []
         self.log: list[dict[str, Any]] = []
-        """``inbound_key`` of every request received."""
+        """Every request received: ``inbound_key`` + ``received_ns`` (wall clock at
+        which its HEADERS were read) + ``answered_ns`` (at which the first byte of the
+        answer was handed to the connection)."""
 
     async def handle(self, stream: Stream | H1Stream) -> None:
         server_name, origin = self.identity.get(stream.local[0], (self.label, self.label))
         self.served[origin] += 1
-        self.log.append(inbound_key(stream))
+        entry: dict[str, Any] = {**inbound_key(stream), "received_ns": stream.wall_headers,
+                                 "answered_ns": None}
+        self.log.append(entry)
         body = await stream.body()
         headers = [("server", server_name), ("x-origin", origin)]
         rid = stream.header("x-request-id")
@@ -462,11 +517,12 @@ class Origins:
                 model = json.loads(body).get("model")
         path, method = stream.path.partition("?")[0], stream.method
         if method not in ("GET", "POST") or path not in ("/v1/messages", "/v1/stream"):
+            entry["answered_ns"] = time.time_ns()
             await _answer_json(stream, 404, {"error": "not found"}, headers)
             return
         start = stream.t_headers + self.think_s
         await sleep_until(start)
-        self.trace.append((rid, stream.wall_headers, time.time_ns()))
+        entry["answered_ns"] = time.time_ns()
         if path == "/v1/messages":
             await _answer_json(stream, 200, {
                 "id": f"{origin}-{self.served[origin]:04d}", "server": self.label,
