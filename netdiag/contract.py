@@ -10,7 +10,7 @@ their dataclasses in ``netdiag/records.py``, whose fields are the contract's.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class Percentiles(TypedDict):
@@ -120,3 +120,56 @@ class Document(TypedDict):
     dns: list[dict[str, Any]]
     connections: list[dict[str, Any]]
     findings: list[dict[str, Any]]
+
+
+class HopLoad(TypedDict):
+    """One hop's figures in one interval (paths with hop chains)."""
+
+    own_ms: Percentiles
+
+
+class IntervalJson(TypedDict):
+    """One interval of one path (``timeseries.paths.<name>[]``)."""
+
+    start_ts: float
+    requests: int
+    rate_per_s: float
+    in_flight_max: int
+    new_connections: int
+    reuse_rate: float | None
+    dns_lookups: int
+    ttfb_ms: Percentiles
+    ttlb_ms: Percentiles
+    retransmissions: int
+    bytes: int
+    estimated: bool
+    hops: NotRequired[dict[str, HopLoad]]
+
+
+class TimeseriesJson(TypedDict):
+    """The document's ``timeseries`` (added by the paths analysis)."""
+
+    interval_ms: float
+    start_ts: float
+    paths: dict[str, list[IntervalJson]]
+    knee_declined: dict[str, dict[str, str]]
+    sparse: NotRequired[list[str]]
+
+
+class KneeJson(TypedDict):
+    """One entry of the document's ``knees``."""
+
+    path: str
+    metric: str
+    rate_per_s: float
+    ci: list[float]
+    below_ms: float
+    above_ms: float
+    slope_ms_per_rps: float
+    points: int
+    below: int
+    above: int
+    hop: str | None
+    hops: dict[str, dict[str, float | None]]
+    evidence: list[str]
+    sentence: str

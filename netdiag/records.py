@@ -13,6 +13,8 @@ from typing import Any
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
+RETRANSMISSION_TIMES_CAP = 1024
+"""Retransmission times a connection keeps (its count goes on beyond)."""
 
 
 def _ratio(num: int, den: int) -> float:
@@ -326,6 +328,9 @@ class Connection:
     """An accepted HTTP ``CONNECT`` on this (proxy) connection: ``{authority, protocol,
     requests}``; the tunnelled requests follow the CONNECT request in ``requests``, the
     tunnelled TLS handshake is ``tls``. None without a tunnel (and then not in JSON)."""
+    retransmission_ns: list[int] = field(default_factory=list)
+    """Capture times of the packets counted in ``retransmissions``, the first
+    :data:`RETRANSMISSION_TIMES_CAP` of them (per-interval figures; not in JSON)."""
 
     def to_json(self, with_requests: bool = True, headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -128,3 +128,40 @@ def limit_options(f: Callable[..., Any]) -> Callable[..., Any]:
         return f(*args, **kwargs)
 
     return wrapper
+
+
+_DURATION_UNITS = {"ms": 10**6, "s": 10**9, "sec": 10**9, "m": 60 * 10**9, "min": 60 * 10**9,
+                   "h": 3_600 * 10**9}
+
+
+def parse_duration_ns(text: str) -> int:
+    """``500ms``, ``1s``, ``2.5s``, ``2m``/``2min``, ``1h`` or bare seconds -> ns; raises
+    ValueError on anything else (or on a duration under 1 ms)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|min|m|h)?\s*", text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 1s, 2m)")
+    ns = round(float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"])
+    if ns < 10**6:
+        raise ValueError(f"duration {text!r} is under 1 ms")
+    return ns
+
+
+def interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--interval DURATION`` as ``interval_ns`` (None: chosen from the capture)."""
+    import click
+
+    def convert(ctx: Any, param: Any, value: str | None) -> int | None:
+        if value is None:
+            return None
+        try:
+            return parse_duration_ns(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return click.option(
+        "--interval", "interval_ns", callback=convert, metavar="DURATION",
+        help="Length of the load-over-time intervals (500ms, 1s, 1m). Default: chosen "
+             "from the capture's length (at most 60 intervals). With --format jsonl, "
+             "time series records are written only when this is given.")(f)

@@ -8,7 +8,12 @@ from typing import IO
 
 import click
 
-from netdiag.commands.common import limit_options, load_keylogs, resolve_profile
+from netdiag.commands.common import (
+    interval_option,
+    limit_options,
+    load_keylogs,
+    resolve_profile,
+)
 from netdiag.textsafe import print_warning
 
 EXIT_TRUNCATED = 3
@@ -42,14 +47,16 @@ EXIT_TRUNCATED = 3
               help="Connection reuse at a hop below this share is a finding.")
 @click.option("--dns-port", "dns_ports", type=click.IntRange(1, 65535), multiple=True,
               help="Also parse this port as DNS (53 always is). Repeatable.")
+@interval_option
 @limit_options
 def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
           keylogs: tuple[str, ...],
           fmt: str, output: str | None, show_connections: bool, seed: int,
           resp_slow_ms: float, stall_ms: float, reuse_min: float,
-          dns_ports: tuple[int, ...],
+          dns_ports: tuple[int, ...], interval_ns: int | None,
           limits: dict[str, int]) -> None:
-    """Per path: the hop chain and latency budget, and where the paths differ.
+    """Per path: the hop chain and latency budget, where the paths differ, and the
+    knee of each path's time to first byte against its request rate.
 
     Exit status: 0 every capture read to its end; 1 input error; 2 usage error; 3 a
     capture is damaged or truncated (everything before the damage is analysed); 4
@@ -72,7 +79,7 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
     conns = sink.connections
     analysis = analyze_paths(conns, sink.dns_records, profile, thresholds=thresholds,
                              path_thresholds=PathThresholds(resp_slow_ms=resp_slow_ms),
-                             seed=seed)
+                             seed=seed, interval_ns=interval_ns)
     out: IO[str] = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
     try:
         if fmt == "json":
@@ -86,6 +93,8 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
                 "paths": analysis.summary(),
                 "path_comparison": analysis.comparison_json(),
                 "findings": [f.to_json() for f in analysis.findings],
+                "timeseries": analysis.timeseries,
+                "knees": analysis.knees,
                 "connections": doc["connections"],
             }, out, indent=2)
             out.write("\n")

@@ -9,6 +9,7 @@ from typing import IO, Any
 import click
 
 from netdiag.commands.common import (
+    interval_option,
     keylog_paths,
     limit_options,
     load_keylogs,
@@ -76,13 +77,14 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
               help="Processes to analyze in: each reads all the input and keeps its share "
                    "of the flows; the report is the same as with 1. Default (or 0): one per "
                    "core, 1 for input under 64 MiB. The netdiag engine only.")
+@interval_option
 @limit_options
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
            progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
            keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None,
-           dns_heuristic: bool,
+           dns_heuristic: bool, interval_ns: int | None,
            limits: dict[str, int]) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files.
 
@@ -116,9 +118,11 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                     else sys.stdout)
     try:
         if engine == "tshark":
-            result = _run_tshark(list(captures), fmt, options, out, profile, output, keylogs)
+            result = _run_tshark(list(captures), fmt, options, out, profile, output, keylogs,
+                                 interval_ns)
         else:
-            result = _run_report(list(captures), fmt, options, out, progress, profile, output)
+            result = _run_report(list(captures), fmt, options, out, progress, profile, output,
+                                 interval_ns)
     finally:
         if to_file:
             out.close()
@@ -133,7 +137,8 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
 
 
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
-                progress: bool | None, profile: Any, output: str | None) -> Any:
+                progress: bool | None, profile: Any, output: str | None,
+                interval_ns: int | None) -> Any:
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
@@ -154,7 +159,12 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         bar.start()
     try:
         if fmt == "jsonl":
-            jsink = JsonlSink(out)
+            load = None
+            if interval_ns is not None:
+                from netdiag.paths.load import StreamingLoad
+
+                load = StreamingLoad(profile)
+            jsink = JsonlSink(out, load=load, interval_ns=interval_ns)
             result = analyze(captures, jsink, options)
             jsink.end(result)
         else:
@@ -164,11 +174,12 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         if bar is not None:
             bar.stop()
     if fmt == "text":
-        _write_text(result, csink.connections, csink.dns_records, options, out, profile)
+        _write_text(result, csink.connections, csink.dns_records, options, out, profile,
+                    interval_ns)
     elif fmt != "jsonl":
         doc = csink.document(result, headers=fmt in ("har", "html"))
         _write_collected(fmt, result, doc, csink.connections, csink.dns_records, options, out,
-                         profile, output)
+                         profile, output, interval_ns)
     for w in result.capture.warnings:
         if w.kind == "capture":
             print_warning(w.message)
@@ -176,7 +187,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
 
 
 def _run_tshark(captures: list[str], fmt: str, options: Any, out: IO[str], profile: Any,
-                output: str | None, keylogs: tuple[str, ...]) -> Any:
+                output: str | None, keylogs: tuple[str, ...], interval_ns: int | None) -> Any:
     """The same report from tshark's dissection (``--engine tshark``)."""
     from netdiag.engines.tshark import tshark_analysis
 
@@ -187,7 +198,7 @@ def _run_tshark(captures: list[str], fmt: str, options: Any, out: IO[str], profi
         _write_document_lines(a.document, out)
     else:
         _write_collected(fmt, a.result, a.document, a.connections, a.dns_records, options,
-                         out, profile, output)
+                         out, profile, output, interval_ns)
     return a.result
 
 
@@ -210,26 +221,28 @@ def _write_document_lines(doc: dict[str, Any], out: IO[str]) -> None:
 
 
 def _write_text(result: Any, connections: Any, dns_records: Any, options: Any, out: IO[str],
-                profile: Any) -> None:
+                profile: Any, interval_ns: int | None = None) -> None:
     """The terminal report: paths straight from the records (no JSON document is built)."""
     from rich.console import Console
 
     from netdiag.paths.apply import analyze_paths
     from netdiag.report.terminal import render
 
-    analysis = analyze_paths(connections, dns_records, profile, thresholds=options.thresholds)
+    analysis = analyze_paths(connections, dns_records, profile, thresholds=options.thresholds,
+                             interval_ns=interval_ns)
     render(result, Console(file=out) if out is not sys.stdout else Console(),
            paths=analysis, connections=connections)
 
 
 def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: Any,
                      dns_records: Any, options: Any, out: IO[str], profile: Any,
-                     output: str | None) -> None:
+                     output: str | None, interval_ns: int | None = None) -> None:
     """Paths over the collected records, then the chosen format."""
     from netdiag.paths.apply import apply_paths
     from netdiag.report.json_out import write_json
 
-    apply_paths(doc, connections, dns_records, profile, options.thresholds)
+    apply_paths(doc, connections, dns_records, profile, options.thresholds,
+                interval_ns=interval_ns)
     if fmt == "json":
         write_json(doc, out)
     elif fmt == "har":

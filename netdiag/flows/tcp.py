@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from netdiag.flows.stream import StreamAnalyzer
 from netdiag.limits import LIMIT_HELD_BYTES, LIMIT_OUT_OF_ORDER, Limits
-from netdiag.records import Connection
+from netdiag.records import RETRANSMISSION_TIMES_CAP, Connection
 
 FIN = 0x01
 SYN = 0x02
@@ -118,9 +118,9 @@ class TcpFlow:
                 end = delta + n
                 if end <= 0:
                     if not (n == 1 and delta == -1):
-                        conn.retransmissions += 1
+                        self._retransmitted(ts)
                 else:
-                    conn.retransmissions += 1
+                    self._retransmitted(ts)
                     self._add_bytes(d, end)
                     st.next = nxt + end
                     self._deliver(d, ts, payload[n - end:], pkt)
@@ -137,7 +137,7 @@ class TcpFlow:
                     if other.fin_at is not None:
                         conn.close = "fin"
             elif st.fin_at == fin_at and not n:
-                conn.retransmissions += 1
+                self._retransmitted(ts)
             if st.next == fin_at:
                 st.next = fin_at + 1
 
@@ -153,7 +153,7 @@ class TcpFlow:
                 st.isn_seen = True
                 return True
             conn.syn_retransmissions += 1
-            conn.retransmissions += 1
+            self._retransmitted(ts)
         elif d == 1 and flags & ACK:
             if not self.synack_seen:
                 self.synack_seen = True
@@ -162,8 +162,14 @@ class TcpFlow:
                 st.isn_seen = True
                 return True
             if self.server_isn == seq:
-                conn.retransmissions += 1
+                self._retransmitted(ts)
         return False
+
+    def _retransmitted(self, ts: int) -> None:
+        conn = self.conn
+        conn.retransmissions += 1
+        if len(conn.retransmission_ns) < RETRANSMISSION_TIMES_CAP:
+            conn.retransmission_ns.append(ts)
 
     def _add_bytes(self, d: int, n: int) -> None:
         if d == 0:
@@ -177,7 +183,7 @@ class TcpFlow:
         if conn.syn_ns is not None and conn.handshake_ack_ns is not None:
             rtt = max(rtt, conn.handshake_ack_ns - conn.syn_ns)
         if ts - st.gap_ns > rtt:
-            conn.retransmissions += 1
+            self._retransmitted(ts)
         else:
             conn.out_of_order += 1
 
@@ -187,7 +193,7 @@ class TcpFlow:
         limits = self.limits
         old = ooo.get(at)
         if old is not None:  # seen before: keep it, unless this copy carries more
-            self.conn.retransmissions += 1
+            self._retransmitted(ts)
             if old[2] >= n:
                 return
             st.ooo_bytes -= old[2]

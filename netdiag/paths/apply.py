@@ -24,8 +24,9 @@ from netdiag.paths.budget import (
 from netdiag.paths.chains import Chains, Step
 from netdiag.paths.edge import annotate_edges, edge_findings
 from netdiag.paths.findings import PathThresholds, path_findings
+from netdiag.paths.load import Load, load_of_paths
 from netdiag.paths.profile import Profile
-from netdiag.records import Connection, DnsTransaction, Finding
+from netdiag.records import Connection, DnsTransaction, Finding, Warning_
 
 
 @dataclass
@@ -40,6 +41,18 @@ class PathsAnalysis:
     chain_table: dict[tuple[str, int], list[Step]] = field(default_factory=dict)
     """Chains of the client requests that caused other requests, by (connection id,
     request index)."""
+    load: Load | None = None
+    """Load over time and the knees (:mod:`netdiag.paths.load`); None when not asked."""
+
+    @property
+    def timeseries(self) -> dict[str, Any] | None:
+        """The contract's ``timeseries`` (None without load analysis)."""
+        return None if self.load is None else self.load.timeseries
+
+    @property
+    def knees(self) -> list[dict[str, Any]] | None:
+        """The contract's ``knees`` (None without load analysis)."""
+        return None if self.load is None else self.load.knees
 
     def summary(self) -> dict[str, Any]:
         """The contract's ``summary.paths``."""
@@ -52,16 +65,21 @@ class PathsAnalysis:
 def analyze_paths(connections: list[Connection], dns_records: Sequence[DnsTransaction],
                   profile: Profile | None = None, *, thresholds: Thresholds | None = None,
                   path_thresholds: PathThresholds | None = None, seed: int = 0,
-                  resamples: int = RESAMPLES, min_samples: int = MIN_SAMPLES
-                  ) -> PathsAnalysis:
+                  resamples: int = RESAMPLES, min_samples: int = MIN_SAMPLES,
+                  load: bool = True, interval_ns: int | None = None) -> PathsAnalysis:
     """Attribute every connection (sets ``conn.path``), link chains, build the budgets,
-    compare paths and derive the path findings."""
+    compare paths and derive the path findings; with ``load``, the time series per
+    path and interval (``interval_ns``, default chosen from the capture) and the knees."""
     chains = attribute(connections, profile)
     budgets = build_budgets(connections, dns_records, chains, profile)
     diffs = compare_all(budgets, seed=seed, resamples=resamples, min_samples=min_samples)
     findings = path_findings(budgets, diffs, chains, thresholds, path_thresholds)
     findings = [*findings, *edge_findings(connections, profile)]
-    return PathsAnalysis(profile, chains, budgets, diffs, findings, chains.table())
+    built = None
+    if load:
+        built = load_of_paths(connections, dns_records, budgets).build(interval_ns, seed=seed)
+        findings.extend(built.findings)
+    return PathsAnalysis(profile, chains, budgets, diffs, findings, chains.table(), built)
 
 
 def annotate_document(doc: dict[str, Any], connections: Sequence[Connection],
@@ -89,20 +107,27 @@ def annotate_document(doc: dict[str, Any], connections: Sequence[Connection],
 def apply_paths(doc: dict[str, Any], connections: list[Connection],
                 dns_records: Sequence[DnsTransaction], profile: Profile | None,
                 thresholds: Thresholds | None = None,
-                path_thresholds: PathThresholds | None = None) -> PathsAnalysis:
+                path_thresholds: PathThresholds | None = None,
+                interval_ns: int | None = None) -> PathsAnalysis:
     """Fill a contract document (``CollectingSink.document``) with paths.
 
     Sets ``connections[].path`` (and ``conn.path`` on the records), adds ``chain`` /
     ``caused_by`` to requests, sets ``summary.paths`` and ``summary.path_comparison``,
-    and merges the path findings into ``findings`` (most severe first). Returns the
-    analysis, whose ``findings`` a terminal report can add to its own.
+    sets ``timeseries`` and ``knees``, and merges the path findings into ``findings``
+    (most severe first). Returns the analysis, whose ``findings`` a terminal report can
+    add to its own.
     """
     analysis = analyze_paths(connections, dns_records, profile, thresholds=thresholds,
-                             path_thresholds=path_thresholds)
+                             path_thresholds=path_thresholds, interval_ns=interval_ns)
     annotate_document(doc, connections, analysis)
     summary = doc.setdefault("summary", {})
     summary["paths"] = analysis.summary()
     summary["path_comparison"] = analysis.comparison_json()
+    if analysis.load is not None:
+        doc["timeseries"] = analysis.load.timeseries
+        doc["knees"] = analysis.load.knees
+        warnings = doc.setdefault("capture", {}).setdefault("warnings", [])
+        warnings.extend(Warning_("interval", w).to_json() for w in analysis.load.warnings)
     findings = list(doc.get("findings", [])) + [f.to_json() for f in analysis.findings]
     order = {"critical": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.get("severity", ""), 3))

@@ -139,6 +139,9 @@ class PathBudget:
     upstream_unlinked: int = 0
     """Requests at a hop behind the client-facing one that no client request could be
     linked to (never counted as client requests)."""
+    root_own: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per complete chain (by ``id`` of its root node): each hop's own time within the
+    client's time to first byte (ns), as added to ``hops[].own``."""
 
     @property
     def requests(self) -> int:
@@ -377,6 +380,8 @@ def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> N
             think = (think or 0) + n.wait_ns
     for hop in own_seen:
         b.hop(hop).own.append(own[hop] / 1e6)
+    if own_seen:
+        b.root_own[id(root)] = {hop: own[hop] for hop in own_seen}
     for hop, acc in parts.items():
         split = b.hop(hop).own_split
         for k, key in enumerate(("before_calls", "between_calls", "after_calls")):

@@ -302,6 +302,51 @@ def attribution_line(connections: Sequence[Connection]) -> str:
     return line
 
 
+def knee_table(analysis: PathsAnalysis) -> Any:
+    """Per path: its load over the capture and the knee of its time to first byte
+    against request rate (p99 and median), with the evidence, or why there is none."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from netdiag.paths.load import format_interval
+
+    ts = analysis.timeseries
+    if not ts:
+        return None
+    rows = {k: v for k, v in ts["paths"].items() if k != "null" and len(v) >= 3}
+    if not rows:
+        return None
+    knees = {(k["path"], k["metric"]): k for k in analysis.knees or []}
+    declined = ts.get("knee_declined", {})
+    interval = format_interval(round(ts["interval_ms"] * 1e6))
+    t = Table(title=f"Load: knee of the time to first byte against request rate "
+                    f"({interval} intervals)", title_justify="left", expand=False)
+    for col in ("path", "intervals", "peak req/s", "p99 knee", "median knee"):
+        t.add_column(col, overflow="fold")
+    notes: list[Text] = []
+    for name in sorted(rows):
+        series = rows[name]
+        peak = max(e["rate_per_s"] for e in series)
+        cells = []
+        for metric in ("ttfb_p99", "ttfb_p50"):
+            k = knees.get((name, metric))
+            if k is None:
+                reason = declined.get(name, {}).get(metric, "no knee")
+                cells.append(Text(safe_text(f"none: {reason}", SENTENCE_LIMIT), style="dim"))
+            else:
+                lo, hi = k["ci"]
+                cells.append(Text(f"{k['rate_per_s']:,.1f} req/s ({lo:,.1f}-{hi:,.1f})"))
+                notes.append(Text(safe_text(k["sentence"], SENTENCE_LIMIT)))
+                notes.extend(Text("   " + safe_text(e, SENTENCE_LIMIT), style="dim")
+                             for e in k["evidence"])
+        t.add_row(safe_cell(name), str(len(series)), f"{peak:,.1f}", *cells)
+    if not notes:
+        return t
+    from rich.console import Group
+
+    return Group(t, *notes)
+
+
 def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
                show_connections: bool = False) -> list[Any]:
     """Everything ``netdiag paths`` shows, in order."""
@@ -319,6 +364,9 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
         if chains is not None:
             out.append(chains)
         out.append(differences(analysis))
+        knees = knee_table(analysis)
+        if knees is not None:
+            out.append(knees)
     shown = [f for f in analysis.findings
              if not (budgets and f.code in SHOWN_IN_DIFFERENCES)]
     if shown:

@@ -12,7 +12,14 @@
 * ``findings.csv``: one row per finding;
 * ``summary.csv``: ``key,value`` rows of the flattened summary (``http.ttfb_ms.p50``,
   ``paths.ROC.phases.dns_ms.p50``...), preceded by ``contract``, ``netdiag_version`` and
-  the ``capture.*`` facts.
+  the ``capture.*`` facts;
+* ``timeseries.csv`` (when the document has ``timeseries``): one row per path and
+  interval, led by its ``path`` (empty for the requests on no path, key ``null``), the
+  percentile blocks flattened (``ttfb_ms.p99``), each hop's own time as
+  ``hops.<hop>.own_ms.p50`` and ``.p99`` (hops client-facing first, as the paths'
+  chains in ``summary.paths`` order them, then in the order they appear);
+* ``knees.csv`` (when the document has ``knees``): one row per knee, its CI as
+  ``ci_low`` and ``ci_high``.
 
 Cells: ``null`` is an empty cell, booleans are ``true``/``false``, numbers are
 written as Python prints them (full precision), lists and objects that are not
@@ -62,6 +69,17 @@ REQUEST_COLUMNS = (
     "first_event_ms", "reset", "reset_by", "stall_ms",
 )
 FINDING_COLUMNS = ("severity", "code", "title", "detail", "evidence")
+_PCT = ("count", "min", "p50", "p90", "p99", "max", "mean")
+TIMESERIES_COLUMNS = (
+    "path", "start_ts", "requests", "rate_per_s", "in_flight_max", "new_connections",
+    "reuse_rate", "dns_lookups", *(f"ttfb_ms.{k}" for k in _PCT),
+    *(f"ttlb_ms.{k}" for k in _PCT), "retransmissions", "bytes", "estimated",
+)
+"""The columns of ``timeseries.csv`` before the hops' own times."""
+HOP_FIELDS = ("p50", "p99")
+"""Of each hop's own time per interval, the figures ``timeseries.csv`` has."""
+KNEE_COLUMNS = ("path", "metric", "rate_per_s", "ci_low", "ci_high", "below_ms", "above_ms",
+                "slope_ms_per_rps", "hop", "sentence", "points", "below", "above", "evidence")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """First characters of a text cell that a spreadsheet would read as a formula."""
 
@@ -162,11 +180,69 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "value": v} for k, v in head.items()]
 
 
+def timeseries_rows(doc: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The header and rows of ``timeseries.csv``: one row per path and interval."""
+    ts = doc.get("timeseries")
+    paths = ts.get("paths") if isinstance(ts, dict) else None
+    rows: list[dict[str, Any]] = []
+    hops: dict[str, None] = {}                      # in the order they first appear
+    for name, intervals in (paths.items() if isinstance(paths, dict) else ()):
+        for iv in intervals if isinstance(intervals, list) else ():
+            if not isinstance(iv, dict):
+                continue
+            row = flatten({k: v for k, v in iv.items() if k != "hops"})
+            row["path"] = None if name in (None, "null") else name
+            hop_map = iv.get("hops")
+            for hop, figures in (hop_map.items() if isinstance(hop_map, dict) else ()):
+                own = figures.get("own_ms") if isinstance(figures, dict) else None
+                hops.setdefault(str(hop))
+                for f in HOP_FIELDS:
+                    row[f"hops.{hop}.own_ms.{f}"] = own.get(f) if isinstance(own, dict) else None
+            rows.append(row)
+    known = [*TIMESERIES_COLUMNS,
+             *(f"hops.{h}.own_ms.{f}" for h in _hop_order(doc, hops) for f in HOP_FIELDS)]
+    return columns(rows, known), rows
+
+
+def _hop_order(doc: dict[str, Any], seen: Iterable[str]) -> list[str]:
+    """The hops ``seen``, client-facing first: the paths' chains (``summary.paths.<name>
+    .hops``) merged, a hop going before the hops it precedes in any chain; hops no chain
+    names after them, in the order they were seen."""
+    order: list[str] = []
+    paths = (doc.get("summary") or {}).get("paths")
+    for p in (paths.values() if isinstance(paths, dict) else ()):
+        chain = [str(h) for h in (p.get("hops") or [])] if isinstance(p, dict) else []
+        for i, h in enumerate(chain):
+            if h in order:
+                continue
+            later = [order.index(x) for x in chain[i + 1:] if x in order]
+            if later:
+                order.insert(min(later), h)
+            else:
+                order.append(h)
+    seen = list(seen)
+    return [h for h in order if h in seen] + [h for h in seen if h not in order]
+
+
+def knee_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``knees.csv``: one per knee, its CI split in two columns."""
+    rows = []
+    for k in doc.get("knees") or []:
+        if not isinstance(k, dict):
+            continue
+        ci = k.get("ci")
+        lo, hi = (ci[0], ci[1]) if isinstance(ci, list | tuple) and len(ci) == 2 else (None,
+                                                                                        None)
+        rows.append({**{c: k.get(c) for c in KNEE_COLUMNS}, "ci_low": lo, "ci_high": hi})
+    return rows
+
+
 def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
               ) -> list[Path]:
-    """Write the five CSV files of ``doc`` into ``outdir`` (created if needed); returns
-    their paths: dns, connections, requests, findings, summary. ``excel_safe``: text
-    cells a spreadsheet would run as a formula get a leading ``'`` (the default)."""
+    """Write the CSV files of ``doc`` into ``outdir`` (created if needed); returns their
+    paths: dns, connections, requests, findings, summary, then timeseries and knees when
+    the document has those keys. ``excel_safe``: text cells a spreadsheet would run as a
+    formula get a leading ``'`` (the default)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     tables: list[tuple[str, list[str], list[dict[str, Any]]]] = []
@@ -179,6 +255,12 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
     rows = [dict(f) for f in doc.get("findings") or []]
     tables.append(("findings.csv", columns(rows, FINDING_COLUMNS), rows))
     tables.append(("summary.csv", ["key", "value"], summary_rows(doc)))
+    if isinstance(doc.get("timeseries"), dict):
+        header, rows = timeseries_rows(doc)
+        tables.append(("timeseries.csv", header, rows))
+    if "knees" in doc:
+        rows = knee_rows(doc)
+        tables.append(("knees.csv", list(KNEE_COLUMNS), rows))
     out = []
     for name, header, rows in tables:
         path = outdir / name

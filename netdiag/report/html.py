@@ -12,7 +12,9 @@ finding text, even numbers that turn out to be strings) is escaped with
 bidirectional characters made visible), in HTML text, attributes and SVG alike.
 
 Sections: capture facts and headline figures, findings, the latency percentiles, the
-per-path latency budget (when ``summary.paths`` has entries), time-to-first-byte
+per-path latency budget (when ``summary.paths`` has entries), the load over time and
+the latency knees (when ``timeseries`` has a path of :data:`LOAD_MIN_INTERVALS`
+intervals or more), time-to-first-byte
 distributions (a CDF and histograms, per path or overall), a waterfall per connection
 (DNS, TCP, TLS, wait, transfer, streamed chunks; the :data:`MAX_WATERFALLS` slowest
 connections), the slowest requests, and the DNS and connection tables.
@@ -26,17 +28,27 @@ from typing import Any
 
 from netdiag.report.har import attribute_dns, handshake_seen, is_http, split_endpoint
 from netdiag.report.svg import (
+    SERIES,
+    TIMELINE_COLS,
     Bar,
+    Cloud,
+    Interval,
+    KneeLine,
     Row,
     Segment,
     Series,
+    TimeMark,
+    bucket_load,
     budget_bars,
     cdf_chart,
     clip,
+    count_text,
     esc,
     fmt_ms,
     histogram,
     num,
+    scatter_chart,
+    timeline_chart,
     waterfall,
 )
 
@@ -49,6 +61,13 @@ MAX_WATERFALL_ROWS = 40
 MAX_TABLE_ROWS = 500
 """Rows of the DNS and connection tables."""
 SLOWEST_REQUESTS = 25
+LOAD_MIN_INTERVALS = 3
+"""The Load section is drawn when some path has at least this many intervals."""
+MAX_LOAD_PATHS = SERIES
+"""Paths drawn in the Load section (their colours stay distinct); the others are named."""
+NO_PATH = "no path"
+"""How the time series of requests on no path (key ``null``) is named."""
+METRIC_WORDS = {"ttfb_p99": "p99 time to first byte", "ttfb_p50": "p50 time to first byte"}
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -173,8 +192,17 @@ svg text.note{paint-order:stroke;stroke:var(--card);stroke-width:3px;stroke-line
 .ph-hop0{fill:#4c8bf5;background:#4c8bf5}.ph-hop1{fill:#22b8cf;background:#22b8cf}
 .ph-hop2{fill:#7c9cff;background:#7c9cff}.ph-hop3{fill:#0891b2;background:#0891b2}
 .ph-hop4{fill:#93c5fd;background:#93c5fd}.ph-hop5{fill:#155e75;background:#155e75}
+svg .line.ts{stroke-width:1.6;stroke-linecap:square}
+svg .line.dash{stroke-width:1.3;stroke-dasharray:5 3}
+svg .area{fill-opacity:.22;stroke-width:1.2}
+svg .dot{fill:none;stroke-width:5;stroke-linecap:round;stroke-opacity:.7}
+svg .knee{stroke-width:1.6;stroke-dasharray:6 3}
+svg .knee.p50{stroke-dasharray:2 3}
+svg .kband{fill-opacity:.13}
 """ + "".join(
     f".s{i}.line{{stroke:var(--s{i})}}.s{i}.fill{{fill:var(--s{i})}}"
+    f".s{i}.area{{fill:var(--s{i});stroke:var(--s{i})}}.s{i}.dot{{stroke:var(--s{i})}}"
+    f".s{i}.knee{{stroke:var(--s{i})}}.s{i}.kband{{fill:var(--s{i})}}"
     f".sw.s{i}{{background:var(--s{i})}}" for i in range(8)) + """
 details.conn{border-top:1px solid var(--border);padding:8px 0 2px}
 details.conn:first-of-type{border-top:0}
@@ -342,6 +370,8 @@ def _header(doc: dict[str, Any], title: str) -> str:
     nav = [("summary", "Summary"), ("findings", "Findings")]
     if _d(_d(doc.get("summary")).get("paths")):
         nav.append(("paths", "Paths"))
+    if _load_series(doc):
+        nav.append(("load", "Load"))
     nav += [("ttfb", "Time to first byte"), ("waterfall", "Waterfall"),
             ("slowest", "Slowest requests"), ("dns", "DNS"), ("connections", "Connections")]
     out.append('<nav class="toc">' + "".join(f'<a href="#{a}">{lab}</a>' for a, lab in nav)
@@ -563,6 +593,200 @@ def _paths(doc: dict[str, Any]) -> str:
         + '<p class="note">Each bar puts the medians of the phases end to end, for scale: '
           "a sum of medians is not the median of sums.</p>"
         + comp_html + "</section>")
+
+
+# --- load over time and knees --------------------------------------------------------
+
+
+def _interval_text(ms: float) -> str:
+    if ms >= 1000:
+        return f"{ms / 1000:g}\u202fs"
+    return f"{ms:g}\u202fms"
+
+
+def _load_series(doc: dict[str, Any]) -> list[tuple[str, str, list[Interval], bool]]:
+    """(key, shown name, intervals, estimated) of each path of ``timeseries`` with a
+    request, in the order of ``summary.paths`` then the document's, requests on no path
+    last; empty when no path has :data:`LOAD_MIN_INTERVALS` intervals."""
+    ts = _d(doc.get("timeseries"))
+    iv_s = (num(ts.get("interval_ms")) or 0.0) / 1000.0
+    start = num(ts.get("start_ts"))
+    out = []
+    longest = 0
+    for key, raw in _d(ts.get("paths")).items():
+        rows = _l(raw)
+        series: list[Interval] = []
+        for i, r in enumerate(rows):
+            r = _d(r)
+            t = num(r.get("start_ts"))
+            if t is None:
+                if start is None or not iv_s:
+                    continue
+                t = start + i * iv_s
+            n = num(r.get("requests")) or 0.0
+            rate = num(r.get("rate_per_s"))
+            if rate is None:
+                rate = n / iv_s if iv_s else 0.0
+            tt = _d(r.get("ttfb_ms"))
+            series.append(Interval(t, rate, int(n), num(tt.get("p99")), num(tt.get("p50")),
+                                   bool(r.get("estimated"))))
+        if not series:
+            continue
+        longest = max(longest, len(series))
+        name = NO_PATH if key in (None, "null") else str(key)
+        out.append((str(key), name, series, any(x.estimated for x in series)))
+    if longest < LOAD_MIN_INTERVALS:
+        return []
+    out = [t for t in out if any(x.requests for x in t[2])]    # else nothing to draw
+    known = [str(k) for k in _d(_d(doc.get("summary")).get("paths"))]
+
+    def order(item: tuple[str, str, list[Interval], bool]) -> tuple[int, int]:
+        k = item[0]
+        return (2, 0) if k == "null" else (0, known.index(k)) if k in known else (1, 0)
+
+    return sorted(out, key=order)
+
+
+def _path_colours(doc: dict[str, Any], keys: Sequence[str]) -> dict[str, int]:
+    """The colour of each path: its index in ``summary.paths``, as in the TTFB charts;
+    other paths the next free ones; requests on no path grey (``s7``)."""
+    known = [str(k) for k in _d(_d(doc.get("summary")).get("paths"))]
+    out = {k: i for i, k in enumerate(known)}
+    nxt = len(known)
+    for k in keys:
+        if k == "null":
+            out[k] = SERIES - 1
+        elif k not in out:
+            out[k] = nxt
+            nxt += 1
+    return out
+
+
+def _knee_path(k: dict[str, Any]) -> str:
+    return "null" if k.get("path") is None else str(k.get("path"))
+
+
+def _knee_label(k: dict[str, Any], name: str, with_ci: bool = True) -> str:
+    metric = str(k.get("metric") or "")
+    word = {"ttfb_p99": "p99", "ttfb_p50": "p50"}.get(metric, metric)
+    rate = num(k.get("rate_per_s"))
+    text = f"{name}: {word} knee at {count_text(rate) if rate is not None else '?'} req/s"
+    ci = [num(c) for c in _l(k.get("ci"))]
+    if with_ci and len(ci) == 2 and ci[0] is not None and ci[1] is not None:
+        text += f" (95% CI {count_text(ci[0])}–{count_text(ci[1])})"
+    return text
+
+
+def _load(doc: dict[str, Any]) -> str:
+    """Per path, the request rate and p99/p50 time to first byte over time with its knees
+    marked, then every path's p99 against the rate with the knees and their CIs; the
+    knee sentences (or why there is none) as text under each path's chart."""
+    series = _load_series(doc)
+    if not series:
+        return ""
+    ts = _d(doc.get("timeseries"))
+    iv_ms = num(ts.get("interval_ms")) or 0.0
+    knees = [k for k in _l(doc.get("knees")) if isinstance(k, dict)]
+    declined = _d(ts.get("knee_declined"))
+    sparse = {str(x) for x in _l(ts.get("sparse"))}
+    colours = _path_colours(doc, [k for k, _, _, _ in series])
+    shown, hidden = series[:MAX_LOAD_PATHS], series[MAX_LOAD_PATHS:]
+    # the time axis, shared: seconds from the capture's first packet (or the first
+    # interval's start when the document has no capture start)
+    starts = [x.start for _, _, s, _ in shown for x in s]
+    t0 = num(_d(doc.get("capture")).get("first_ts"))
+    if t0 is None:
+        t0 = num(ts.get("start_ts"))
+    if t0 is None:
+        t0 = min(starts)
+    iv_s = iv_ms / 1000.0
+    # downsampled to the pixel width: see svg.bucket_load (mean rate, highest p99, mean
+    # p50 per pixel column), so 10,000 intervals draw as ~1,000 steps
+    drawn = {key: bucket_load(s, iv_s, TIMELINE_COLS) for key, _, s, _ in shown}
+    t_lo = min(0.0, min(starts) - t0)
+    t_hi = max(b[-1].end for b, _ in drawn.values()) - t0
+    parts = []
+    clouds: list[Cloud] = []
+    lines: list[KneeLine] = []
+    for key, name, s, est in shown:
+        idx = colours[key]
+        mine = [k for k in knees if _knee_path(k) == key]
+        marks = []
+        for k in mine:
+            rate = num(k.get("rate_per_s"))
+            if rate is None:
+                continue
+            dashed = k.get("metric") == "ttfb_p50"
+            ci = [num(c) for c in _l(k.get("ci"))]
+            lines.append(KneeLine(_knee_label(k, name), idx, rate,
+                                  (ci[0], ci[1]) if len(ci) == 2 and ci[0] is not None
+                                  and ci[1] is not None else None, dashed))
+            # where the path's rate first reached the knee's
+            cross = next((x.start for x in sorted(s, key=lambda x: x.start)
+                          if x.rate >= rate), None)
+            if cross is not None:
+                marks.append(TimeMark(cross - t0, _knee_label(k, name, False)
+                                      + f", first reached at {cross - t0:,.1f}\u202fs",
+                                      rate, dashed))
+        buckets, per = drawn[key]
+        clouds.append(Cloud(name, idx, [(x.rate, x.p99) for x in s if x.p99 is not None]))
+        peak = max(x.rate for x in s)
+        p99s = [x.p99 for x in s if x.p99 is not None]
+        facts = [f"{len(s):,} interval{'s' if len(s) != 1 else ''} of "
+                 f"{_interval_text(iv_ms)}" if iv_ms else f"{len(s):,} intervals",
+                 f"peak {count_text(peak)} req/s"]
+        if p99s:
+            facts.append(f"p99 time to first byte {fmt_ms(min(p99s))} – {fmt_ms(max(p99s))}")
+        if per > 1:
+            facts.append(f"drawn {per:,} intervals per pixel column")
+        if key in sparse:
+            facts.append("only its active intervals are listed")
+        if est:
+            facts.append("estimated")
+        chart = timeline_chart(buckets, idx, t0, t_lo, t_hi,
+                               f"request rate and time to first byte over time: {name}",
+                               marks)
+        items = []
+        for k in mine:
+            ev = [str(e) for e in _l(k.get("evidence"))]
+            items.append(f"<li>{_badge('knee', 'b-warning')} {esc(k.get('sentence') or '')}"
+                         + (f'<div class="note">{esc(" · ".join(ev[:12]))}</div>' if ev
+                            else "") + "</li>")
+        found = {str(k.get("metric")) for k in mine}
+        for metric, reason in _d(declined.get(key)).items():
+            if str(metric) in found:
+                continue
+            what = METRIC_WORDS.get(str(metric), str(metric))
+            items.append(f"<li>{_badge('no knee', 'b-muted')} {esc(what)}: "
+                         f"{esc(reason)}</li>")
+        parts.append(f'<h3><i class="sw s{idx % SERIES}"></i> {clip(name, 80)} '
+                     f'<span class="note">{esc(" · ".join(facts))}</span></h3>'
+                     + chart + (f'<ul class="cmp">{"".join(items)}</ul>' if items else ""))
+    more = ""
+    if hidden:
+        more = ('<p class="note">Not drawn (the first ' f"{MAX_LOAD_PATHS} paths are): "
+                + esc(", ".join(n for _, n, _, _ in hidden)) + ".</p>")
+    shown_keys = {k for k, _, _, _ in shown}
+    others = [k for k in knees if _knee_path(k) not in shown_keys]
+    if others:
+        more += ('<ul class="cmp">' + "".join(
+            f"<li>{_badge('knee', 'b-warning')} {esc(k.get('sentence') or '')}</li>"
+            for k in others) + "</ul>")
+    legend = _legend([(f"s{colours[k] % SERIES}", n) for k, n, _, _ in shown])
+    scatter = scatter_chart(clouds, lines, "p99 time to first byte against request rate")
+    return ('<section id="load"><h2>Load</h2>'
+            '<p class="note" style="margin:0 0 8px">Per path and interval: the requests '
+            "per second and the time to first byte of the requests that started in it "
+            "(p99 solid, p50 dashed; a blank where an interval had none). A knee is the "
+            "request rate above which the time to first byte departs from its low-load "
+            "level: a dashed line where the path's rate first reached it. Long series "
+            "are drawn one pixel column per few intervals: their mean rate, their highest "
+            "p99 and their mean p50.</p>"
+            + "".join(parts) + more
+            + "<h3>Latency against request rate</h3>" + legend + scatter
+            + '<p class="note">One dot per interval with a request (p99 time to first byte '
+              "against that interval's request rate); each knee a vertical line at its "
+              "rate, its 95% confidence interval shaded.</p></section>")
 
 
 def _legend(items: Sequence[tuple[str, str]]) -> str:
@@ -921,7 +1145,7 @@ def render_html(doc: dict[str, Any], *, title: str | None = None) -> str:
     body = [
         _header(doc, title),
         '<main class="wrap">',
-        _summary(doc), _findings(doc), _paths(doc), _ttfb(doc), _waterfalls(doc),
+        _summary(doc), _findings(doc), _paths(doc), _load(doc), _ttfb(doc), _waterfalls(doc),
         _slowest(doc), _dns_table(doc), _conn_table(doc),
         f"<footer>netdiag {esc(doc.get('netdiag_version'))} · report contract "
         f"{esc(doc.get('contract'))} · {esc(_servers_text(doc))} · times are capture "

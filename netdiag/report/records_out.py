@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.contract import Document
 from netdiag.records import Connection, DnsTransaction
 from netdiag.result import Result
+
+if TYPE_CHECKING:
+    from netdiag.paths.load import StreamingLoad
 
 
 def _conn_order(c: Connection) -> int:
@@ -53,10 +56,15 @@ class CollectingSink:
 
 
 class JsonlSink:
-    """Writes each record as one JSON line the moment it is finished."""
+    """Writes each record as one JSON line the moment it is finished; with ``load``
+    (``--interval``), also keeps a compact row per request for the time series records
+    written at the end."""
 
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], load: StreamingLoad | None = None,
+                 interval_ns: int | None = None) -> None:
         self.out = out
+        self.load = load
+        self.interval_ns = interval_ns
 
     def _write(self, obj: dict[str, Any]) -> None:
         self.out.write(json.dumps(obj, separators=(",", ":")))
@@ -79,6 +87,8 @@ class JsonlSink:
     def dns_rendered(self, t: DnsTransaction, text: str) -> None:
         """Write what :meth:`render_dns` gave for ``t``."""
         self.out.write(text)
+        if self.load is not None:
+            self.load.dns(t)
 
     @staticmethod
     def render_connection(c: Connection) -> str:
@@ -90,6 +100,8 @@ class JsonlSink:
 
     def connection_rendered(self, c: Connection, text: str) -> None:
         """Write what :meth:`render_connection` gave for ``c``, with ``c.id``."""
+        if self.load is not None:
+            self.load.connection(c)
         cid = json.dumps(c.id)
         if text.count(_QUOTED_ID) == 1 + len(c.requests):
             self.out.write(text.replace(_QUOTED_ID, cid))
@@ -105,8 +117,20 @@ class JsonlSink:
         self.out.write("".join(parts))
 
     def end(self, result: Result) -> None:
-        """The records only known at the end: findings, summary, capture facts."""
-        for f in result.findings:
+        """The records only known at the end: time series and knees (with ``load``),
+        findings, summary, capture facts."""
+        findings = list(result.findings)
+        if self.load is not None:
+            built = self.load.build(self.interval_ns)
+            ts = built.timeseries
+            for path, entries in ts["paths"].items():
+                for e in entries:
+                    self._write({"type": "timeseries", "path": None if path == "null" else path,
+                                 "interval_ms": ts["interval_ms"], **e})
+            for k in built.knees:
+                self._write({"type": "knee", **k})
+            findings += built.findings
+        for f in findings:
             self._write({"type": "finding", **f.to_json()})
         self._write({"type": "summary", "contract": CONTRACT_VERSION,
                      "netdiag_version": __version__, **result.summary_json()})

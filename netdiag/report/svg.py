@@ -405,3 +405,321 @@ def waterfall(rows: Sequence[Row], label: str, width: int = 1150) -> str:
                        f'text-anchor="{anchor}">{esc(r.note)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+# --- load over time ----------------------------------------------------------------
+
+
+@dataclass
+class Interval:
+    """One interval of a path's time series, as the charts need it."""
+
+    start: float
+    """Seconds (epoch, or from any origin shared by the series)."""
+    rate: float
+    """Requests per second."""
+    requests: int
+    p99: float | None
+    p50: float | None
+    estimated: bool = False
+
+
+@dataclass
+class Bucket:
+    """Consecutive intervals drawn as one mark (one terminal cell, one pixel column)."""
+
+    start: float
+    end: float
+    rate: float
+    """Mean request rate over the bucket's time (intervals not listed count as idle)."""
+    requests: int
+    p99: float | None
+    """The highest p99 of its intervals (None: none had a request)."""
+    p50: float | None
+    """The mean of its intervals' p50."""
+    estimated: bool = False
+
+
+def bucket_load(series: Sequence[Interval], interval_s: float, cols: int
+                ) -> tuple[list[Bucket], int]:
+    """``series`` cut into at most ``cols`` buckets of ``k`` consecutive intervals each
+    (returned with ``k``; 1 when the series fits), placed by their start time so that a
+    sparse series (only its active intervals listed) keeps its idle stretches.
+
+    How a bucket sums its intervals: the request rate is their mean (the bucket's
+    requests over its duration, idle intervals counting as 0); p99 is their highest
+    (a spike of one interval survives any width); p50 is their mean. The work is in the
+    number of listed intervals, never in the span they cover."""
+    pts = sorted((s for s in series if math.isfinite(s.start)), key=lambda s: s.start)
+    if not pts:
+        return [], 1
+    iv = interval_s if interval_s > 0 and math.isfinite(interval_s) else 0.0
+    if not iv:
+        gaps = [b.start - a.start for a, b in itertools.pairwise(pts) if b.start > a.start]
+        iv = min(gaps) if gaps else 1.0
+    first = pts[0].start
+    pos = [round((p.start - first) / iv) for p in pts]
+    n = pos[-1] + 1
+    k = max(1, -(-n // max(cols, 1)))
+    nb = -(-n // k)
+    rate = [0.0] * nb
+    reqs = [0] * nb
+    p99: list[float | None] = [None] * nb
+    p50s: list[list[float]] = [[] for _ in range(nb)]
+    est = [False] * nb
+    for p, i in zip(pts, pos, strict=True):
+        b = i // k
+        rate[b] += p.rate
+        reqs[b] += p.requests
+        if p.p99 is not None:
+            q = p99[b]
+            p99[b] = p.p99 if q is None else max(q, p.p99)
+        if p.p50 is not None:
+            p50s[b].append(p.p50)
+        est[b] = est[b] or p.estimated
+    out = []
+    for b in range(nb):
+        span = min(k, n - b * k)
+        s0 = first + b * k * iv
+        out.append(Bucket(s0, s0 + span * iv, rate[b] / span, reqs[b], p99[b],
+                          sum(p50s[b]) / len(p50s[b]) if p50s[b] else None, est[b]))
+    return out, k
+
+
+def _g(x: float) -> str:
+    """A coordinate of a dense path: one decimal, no trailing zero (half the bytes)."""
+    s = f"{x:.1f}"
+    s = s[:-2] if s.endswith(".0") else s
+    return "0" if s == "-0" else s
+
+
+def count_text(v: float) -> str:
+    """A rate or a count for people: ``1,240``, ``12.5``, ``0.25``."""
+    a = abs(v)
+    if a >= 100 or v == int(v):
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def plain_labels(ticks: Sequence[float], unit: str = "") -> list[str]:
+    """Axis labels of plain numbers (thousands separated) with as many decimals as the
+    step needs, and ``unit`` after each but 0."""
+    steps = [b - a for a, b in itertools.pairwise(ticks) if b > a]
+    step = min(steps) if steps else (abs(ticks[0]) if ticks and ticks[0] else 1.0)
+    dec = 0
+    while dec < 6 and abs(round(step, dec) - step) > step * 1e-6:
+        dec += 1
+    sfx = f"\u202f{unit}" if unit else ""
+    return [f"{t:,.{dec}f}{sfx}" if t else "0" for t in ticks]
+
+
+def _y_axis(sc: Scale, x0: float, x1: float, labels: Sequence[str], ticks: Sequence[float]
+            ) -> list[str]:
+    out = []
+    for t, lab in zip(ticks, labels, strict=True):
+        y = sc(t)
+        out.append(f'<line class="grid" x1="{_f(x0)}" y1="{_f(y)}" x2="{_f(x1)}" '
+                   f'y2="{_f(y)}"/>')
+        out.append(f'<text class="ax" x="{_f(x0 - 6)}" y="{_f(y + 4)}" '
+                   f'text-anchor="end">{esc(lab)}</text>')
+    return out
+
+
+def _x_grid(sc: Scale, ticks: Sequence[float], y0: float, y1: float) -> list[str]:
+    return [f'<line class="grid" x1="{_f(sc(t))}" y1="{_f(y0)}" x2="{_f(sc(t))}" '
+            f'y2="{_f(y1)}"/>' for t in ticks]
+
+
+def linear_scale(lo: float, hi: float, px0: float, px1: float) -> Scale:
+    """A linear scale over round ticks covering [lo, hi] (from 0 when lo is 0)."""
+    ticks = nice_ticks(lo, hi if hi > lo else lo + 1.0)
+    return Scale(ticks[0], ticks[-1], px0, px1)
+
+
+def _ms_unit(sc: Scale) -> str:
+    return "s" if max((abs(t) for t in sc.ticks()), default=0.0) >= 2000 else "ms"
+
+
+@dataclass
+class TimeMark:
+    """A vertical mark on a time chart (a knee: where the rate first reached it)."""
+
+    at: float
+    """Seconds, on the chart's time axis."""
+    label: str
+    rate: float | None = None
+    """Also drawn as a horizontal line at this rate on the rate panel."""
+    dashed: bool = False
+
+
+TIMELINE_COLS = 1066
+"""Pixel columns of a time chart's plot (its width less the axes)."""
+
+
+def timeline_chart(buckets: Sequence[Bucket], index: int, t0: float, t_lo: float,
+                   t_hi: float, label: str, marks: Sequence[TimeMark] = (),
+                   width: int = 1150) -> str:
+    """Two panels on one time axis (seconds from ``t0``, over [t_lo, t_hi]): the request
+    rate (a step area) and the p99 (solid) and p50 (dashed) time to first byte (step
+    lines, broken where an interval had no request). ``buckets`` come from
+    :func:`bucket_load` with at most :data:`TIMELINE_COLS` columns, so that the chart's
+    size follows the pixel width, never the number of intervals."""
+    left, right = 64, width - 20
+    r_top, r_bot = 24, 114
+    l_top, l_bot = 146, 296
+    height = l_bot + 42
+    cls = f"s{index % SERIES}"
+    xs = Scale(t_lo, t_hi if t_hi > t_lo else t_lo + 1.0, left, right)
+    t_ticks = [t for t in nice_ticks(t_lo, t_hi, 10) if t_lo - 1e-9 <= t <= t_hi + 1e-9]
+    knee_rates = [m.rate for m in marks if m.rate is not None]
+    r_hi = max([b.rate for b in buckets] + knee_rates + [0.0])
+    rs = linear_scale(0.0, r_hi or 1.0, r_bot, r_top)
+    lat = [v for b in buckets for v in (b.p99, b.p50) if v is not None]
+    ls = ms_scale(lat, l_bot, l_top)
+    out = [svg_open(width, height, label, "chart load")]
+    # the rate panel
+    out.append(f'<text class="ax" x="{left}" y="14">request rate (req/s)</text>')
+    out += _x_grid(xs, t_ticks, r_top, r_bot)
+    out += _y_axis(rs, left, right, plain_labels(rs.ticks()), rs.ticks())
+    if buckets:
+        d = [f"M{_g(xs(buckets[0].start - t0))},{_g(r_bot)}"]
+        for b in buckets:
+            d.append(f"V{_g(rs(b.rate))}H{_g(xs(b.end - t0))}")
+        d.append(f"V{_g(r_bot)}Z")
+        out.append(f'<path class="area {cls}" d="{"".join(d)}"/>')
+    out.append(f'<line class="axis" x1="{left}" y1="{r_bot}" x2="{right}" y2="{r_bot}"/>')
+    # the latency panel
+    unit = _ms_unit(ls)
+    out.append(f'<text class="ax" x="{left}" y="{l_top - 10}">time to first byte ({unit}):'
+               " p99 solid, p50 dashed</text>")
+    out += _x_grid(xs, t_ticks, l_top, l_bot)
+    lt = ls.ticks()
+    out += _y_axis(ls, left, right, tick_labels(lt, ls.log), lt)
+    for key, extra in (("p99", ""), ("p50", " dash")):
+        d = []
+        prev = False
+        for b in buckets:
+            v = getattr(b, key)
+            if v is None:
+                prev = False
+                continue
+            vy, vx = _g(ls(v)), _g(xs(b.end - t0))
+            d.append(f"V{vy}H{vx}" if prev else f"M{_g(xs(b.start - t0))},{vy}H{vx}")
+            prev = True
+        if d:
+            out.append(f'<path class="line ts {cls}{extra}" d="{"".join(d)}"/>')
+    if not lat:
+        out.append(f'<text class="ax" x="{_f((left + right) / 2)}" y="{_f((l_top + l_bot) / 2)}"'
+                   ' text-anchor="middle">no request with a time to first byte</text>')
+    out.append(f'<line class="axis" x1="{left}" y1="{l_bot}" x2="{right}" y2="{l_bot}"/>')
+    for i, m in enumerate(marks):
+        x = xs(m.at)
+        dash = " p50" if m.dashed else ""
+        out.append(f'<line class="knee {cls}{dash}" x1="{_f(x)}" y1="{l_top}" x2="{_f(x)}" '
+                   f'y2="{l_bot}"><title>{esc(m.label)}</title></line>')
+        anchor, tx = ("end", x - 4) if x > left + 0.7 * (right - left) else ("start", x + 4)
+        out.append(f'<text class="ax note" x="{_f(tx)}" y="{l_top + 12 + 14 * i}" '
+                   f'text-anchor="{anchor}">{clip(m.label, 80)}</text>')
+        if m.rate is not None:
+            y = rs(m.rate)
+            out.append(f'<line class="knee {cls}{dash}" x1="{left}" y1="{_f(y)}" '
+                       f'x2="{right}" y2="{_f(y)}"><title>{esc(m.label)}</title></line>')
+    # the shared time axis
+    for t, lab in zip(t_ticks, plain_labels(t_ticks, "s"), strict=True):
+        out.append(f'<text class="ax" x="{_f(xs(t))}" y="{l_bot + 14}" '
+                   f'text-anchor="middle">{esc(lab)}</text>')
+    out.append(f'<text class="ax" x="{_f((left + right) / 2)}" y="{l_bot + 34}" '
+               'text-anchor="middle">time since the capture started (s)</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+# --- latency against rate ----------------------------------------------------------
+
+
+@dataclass
+class Cloud:
+    """Per-interval (request rate, latency) points of one path."""
+
+    name: str
+    index: int
+    points: list[tuple[float, float]]
+
+
+@dataclass
+class KneeLine:
+    """A knee on the scatter: a vertical line at its rate, its CI as a band."""
+
+    label: str
+    index: int
+    rate: float
+    ci: tuple[float, float] | None = None
+    dashed: bool = False
+
+
+MAX_DOTS = 1500
+"""Dots drawn per path at most on the scatter (see :func:`scatter_chart`)."""
+
+
+def _dots(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Pixel points thinned to one per grid cell, the cell doubled (from 2 px) until at
+    most :data:`MAX_DOTS` remain: a dot 5 px wide hides any closer neighbour, so the
+    picture is that of every point while its size is bounded."""
+    cell = 2.0
+    while True:
+        seen = {(round(x / cell), round(y / cell)) for x, y in points}
+        if len(seen) <= MAX_DOTS or cell >= 64:
+            return [(cx * cell, cy * cell) for cx, cy in sorted(seen)]
+        cell *= 2
+
+
+def scatter_chart(clouds: Sequence[Cloud], knees: Sequence[KneeLine], label: str,
+                  width: int = 1150, height: int = 360) -> str:
+    """p99 time to first byte against request rate, one dot per interval (thinned, see
+    :func:`_dots`), one colour per path; each knee a vertical line at its rate with its
+    95% CI shaded, labelled."""
+    left, right, top, bottom = 64, width - 20, 14, height - 44
+    r_hi = max([x for c in clouds for x, _ in c.points] + [k.rate for k in knees]
+               + [k.ci[1] for k in knees if k.ci] + [0.0])
+    xs = linear_scale(0.0, r_hi or 1.0, left, right)
+    lat = [y for c in clouds for _, y in c.points]
+    ys = ms_scale(lat, bottom, top)
+    out = [svg_open(width, height, label, "chart load")]
+    xt = xs.ticks()
+    out += _x_grid(xs, xt, top, bottom)
+    yt = ys.ticks()
+    out += _y_axis(ys, left, right, tick_labels(yt, ys.log), yt)
+    for k in knees:
+        if k.ci is None:
+            continue
+        x0, x1 = xs(min(k.ci)), xs(max(k.ci))
+        out.append(f'<rect class="kband s{k.index % SERIES}" x="{_f(x0)}" y="{top}" '
+                   f'width="{_f(max(x1 - x0, 1))}" height="{bottom - top}">'
+                   f"<title>{esc(k.label)}</title></rect>")
+    for c in clouds:
+        px = [(xs(x), ys(y)) for x, y in c.points if not ys.log or y > 0]
+        if not px:
+            continue
+        d = "".join(f"M{_g(x)},{_g(y)}h0" for x, y in _dots(px))
+        out.append(f'<path class="dot s{c.index % SERIES}" d="{d}">'
+                   f"<title>{esc(c.name)}: {len(c.points)} intervals</title></path>")
+    for i, k in enumerate(knees):
+        x = xs(k.rate)
+        dash = " p50" if k.dashed else ""
+        out.append(f'<line class="knee s{k.index % SERIES}{dash}" x1="{_f(x)}" y1="{top}" '
+                   f'x2="{_f(x)}" y2="{bottom}"><title>{esc(k.label)}</title></line>')
+        anchor, tx = ("end", x - 4) if x > left + 0.7 * (right - left) else ("start", x + 4)
+        out.append(f'<text class="ax note" x="{_f(tx)}" y="{top + 12 + 14 * i}" '
+                   f'text-anchor="{anchor}">{clip(k.label, 90)}</text>')
+    out.append(f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>')
+    for t, lab in zip(xt, plain_labels(xt), strict=True):
+        out.append(f'<text class="ax" x="{_f(xs(t))}" y="{bottom + 14}" '
+                   f'text-anchor="middle">{esc(lab)}</text>')
+    out.append(f'<text class="ax" x="{_f((left + right) / 2)}" y="{bottom + 34}" '
+               'text-anchor="middle">request rate in the interval (req/s)</text>')
+    out.append(f'<text class="ax" x="{left}" y="{top - 4}">p99 time to first byte '
+               f"({_ms_unit(ys)})</text>")
+    out.append("</svg>")
+    return "".join(out)

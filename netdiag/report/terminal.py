@@ -8,14 +8,19 @@ bidirectional characters made visible.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from netdiag.report.svg import Bucket, Interval, bucket_load, count_text
+from netdiag.report.svg import num as _finite
 from netdiag.report.units import ms_text
 from netdiag.result import Result
 from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_text
@@ -218,6 +223,202 @@ def _paths(paths: Any, connections: Any) -> list[Any]:
     return out
 
 
+SPARK = "▁▂▃▄▅▆▇█"
+"""The sparkline's eight levels (a blank: no request in the interval)."""
+LOAD_MIN_INTERVALS = 3
+"""The "Load over time" section is shown when some path has at least this many intervals."""
+LOAD_NAME_MAX = 28
+"""Cells of a path's name (and of its interval count) left of its sparklines, from 80
+columns on (an inferred path's name, ``direct 255.255.255.255:65535``, fits); 20 from 60
+columns, a fifth of the width below."""
+NO_PATH = "no path"
+"""How the time series of requests on no path (key ``null``) is named."""
+
+
+def _interval_text(ms: float) -> str:
+    return f"{ms / 1000:g} s" if ms >= 1000 else f"{ms:g} ms"
+
+
+def _spark(values: Sequence[float | None]) -> tuple[str, float | None, float | None]:
+    """The sparkline of ``values`` (None: a blank), scaled from its lowest value (▁) to
+    its highest (█), with those two."""
+    shown = [v for v in values if v is not None]
+    if not shown:
+        return " " * len(values), None, None
+    lo, hi = min(shown), max(shown)
+    chars = []
+    for v in values:
+        if v is None:
+            chars.append(" ")
+        elif hi <= lo:
+            chars.append(SPARK[3])
+        else:
+            chars.append(SPARK[min(round((v - lo) / (hi - lo) * 7), 7)])
+    return "".join(chars), lo, hi
+
+
+def _range(lo: float | None, hi: float | None, fmt: Any) -> str:
+    if lo is None or hi is None:
+        return ""
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def _load_series(timeseries: dict[str, Any]
+                 ) -> list[tuple[str, list[Interval], bool]]:
+    """(key, intervals, estimated) of each path with a request, requests on no path last."""
+    iv_s = (_finite(timeseries.get("interval_ms")) or 0.0) / 1000.0
+    start = _finite(timeseries.get("start_ts"))
+    paths = timeseries.get("paths")
+    out = []
+    for key, rows in (paths.items() if isinstance(paths, dict) else ()):
+        series = []
+        for i, r in enumerate(rows if isinstance(rows, list) else ()):
+            if not isinstance(r, dict):
+                continue
+            t = _finite(r.get("start_ts"))
+            if t is None:
+                if start is None or not iv_s:
+                    continue
+                t = start + i * iv_s
+            n = _finite(r.get("requests")) or 0.0
+            rate = _finite(r.get("rate_per_s"))
+            if rate is None:
+                rate = n / iv_s if iv_s else 0.0
+            block = r.get("ttfb_ms")
+            ttfb: dict[str, Any] = block if isinstance(block, dict) else {}
+            series.append(Interval(t, rate, int(n), _finite(ttfb.get("p99")),
+                                   _finite(ttfb.get("p50")), bool(r.get("estimated"))))
+        if series:
+            out.append((str(key) if key is not None else "null", series,
+                        any(x.estimated for x in series)))
+    out.sort(key=lambda t: t[0] == "null")
+    return out
+
+
+def load_section(timeseries: dict[str, Any] | None, knees: list[dict[str, Any]] | None,
+                 width: int) -> RenderableType | None:
+    """"Load over time": per path, two sparklines on one time axis (requests per second
+    and p99 time to first byte per interval, a blank where an interval had no request)
+    with their lowest and highest values, then its knees' sentences (or, dimmed, why no
+    p99 knee was found). None unless some path has :data:`LOAD_MIN_INTERVALS` intervals.
+    A path's name is left of its sparklines, or on a line of its own when longer than
+    that column (names are never cut: an inferred path is named by its address).
+    Every line fits ``width`` cells; names, reasons and sentences come from the capture
+    (a profile's path names) and go through :mod:`netdiag.textsafe`."""
+    if not isinstance(timeseries, dict):
+        return None
+    series = _load_series(timeseries)
+    if not any(len(s) >= LOAD_MIN_INTERVALS for _, s, _ in series):
+        return None
+    series = [t for t in series if any(x.requests for x in t[1])]    # else nothing to draw
+    if not series:
+        return None
+    width = max(width, 20)
+    iv_ms = _finite(timeseries.get("interval_ms")) or 0.0
+    knee_list = [k for k in knees or [] if isinstance(k, dict)]
+
+    def path_of(k: dict[str, Any]) -> str:
+        return "null" if k.get("path") is None else str(k.get("path"))
+
+    declined = timeseries.get("knee_declined")
+    declined = declined if isinstance(declined, dict) else {}
+    names = {key: Text(NO_PATH if key == "null" else safe_text(key, None), style="bold")
+             for key, _, _ in series}
+    infos = {key: f"{len(s):,} × {_interval_text(iv_ms)}" if iv_ms else f"{len(s):,}"
+             for key, s, _ in series}
+    cap = LOAD_NAME_MAX if width >= 80 else 20 if width >= 60 else max(width // 5, 4)
+    info_w = max(len(i) for i in infos.values())
+    name_w = min(max(*(cell_len(t.plain) for t in names.values()), info_w), cap)
+    if width >= 40:                             # room for the count: never cut
+        name_w = max(name_w, info_w)
+    tag_w = 5                                   # "req/s", "p99~"
+    # first pass: the range labels of every path, so that the sparklines line up
+    fixed = name_w + 1 + tag_w + 1 + 2
+    spark_w = max(width - fixed - 16, 4)       # a first guess to measure the labels
+    # The sparklines are downsampled to the width: a cell sums k consecutive intervals
+    # (svg.bucket_load): the mean rate of the cell (its requests over its time), the
+    # highest p99 (one slow interval is never averaged away).
+    Drawn = list[tuple[str, list[Bucket], int, bool]]
+
+    def draw(cells: int) -> tuple[Drawn, int]:
+        """The buckets of every path in ``cells`` cells, and the cells that fit beside
+        their widest range label."""
+        d = [(key, *bucket_load(s, iv_ms / 1000.0, cells), est) for key, s, est in series]
+        labels = []
+        for _, b, _, _ in d:
+            labels.append(_range(*_spark([x.rate if x.requests else None for x in b])[1:],
+                                 count_text))
+            labels.append(_range(*_spark([x.p99 for x in b])[1:], ms_text))
+        return d, max(width - fixed - max(cell_len(lab) for lab in labels), 4)
+
+    fits: tuple[Drawn, int] | None = None
+    for _ in range(3):                          # the labels depend on the downsampling
+        drawn, room = draw(spark_w)
+        if max(len(b) for _, b, _, _ in drawn) <= room:
+            fits = drawn, room
+            if room == spark_w:
+                break
+        spark_w = room
+    drawn, spark_w = fits if fits is not None else draw(spark_w)
+    per = {k for _, _, k, _ in drawn}
+    spark_w = min(spark_w, max(len(b) for _, b, _, _ in drawn))    # labels follow the marks
+    title = Text("Load over time", style="bold")
+    how = "req/s and p99 time to first byte"
+    how += f" per {_interval_text(iv_ms)} interval" if iv_ms else " per interval"
+    how += ", blank: no request"
+    if max(per) > 1:
+        how += (f"; a mark is {max(per):,} intervals" if len(per) == 1 else
+                f"; a mark is up to {max(per):,} intervals")
+        how += ": mean rate, highest p99"
+    title.append(f" ({how})", style="dim")
+    out: list[RenderableType] = [title]
+
+    def cell(text: Text, w: int) -> Text:
+        t = text.copy()
+        t.truncate(w, overflow="ellipsis", pad=True)
+        return t
+
+    def line(left: Text, tag: str, spark: str, style: str, rng: str) -> Text:
+        t = Text(no_wrap=True, overflow="crop")
+        t.append_text(cell(left, name_w))
+        t.append(" ")
+        t.append(tag.ljust(tag_w), style="dim")
+        t.append(" ")
+        t.append(spark.ljust(spark_w), style=style)
+        if rng and cell_len(t.plain) + 2 + cell_len(rng) <= width:    # whole, or not at all
+            t.append("  " + rng, style="dim")
+        t.rstrip()
+        t.truncate(width)
+        return t
+
+    shown = set()
+    for key, buckets, _, est in drawn:
+        shown.add(key)
+        rs, rlo, rhi = _spark([b.rate if b.requests else None for b in buckets])
+        ps, plo, phi = _spark([b.p99 for b in buckets])
+        name = names[key]
+        if cell_len(name.plain) > name_w:       # never cut (an address): a line of its own
+            out.append(name)
+            name = Text()
+        out.append(line(name, "req/s", rs, "cyan", _range(rlo, rhi, count_text)))
+        out.append(line(Text(infos[key], style="dim"), "p99~" if est else "p99", ps,
+                        "magenta", _range(plo, phi, ms_text)))
+        mine = [k for k in knee_list if path_of(k) == key]
+        for k in mine:
+            out.append(Padding(Text(safe_text(k.get("sentence"), SENTENCE_LIMIT)),
+                               (0, 0, 0, 2)))
+        reasons = declined.get(key)
+        reason = reasons.get("ttfb_p99") if isinstance(reasons, dict) else None
+        if reason is not None and not any(k.get("metric") == "ttfb_p99" for k in mine):
+            out.append(Padding(Text("no knee: " + safe_text(reason, SENTENCE_LIMIT),
+                                    style="dim"), (0, 0, 0, 2)))
+    for k in knee_list:                         # knees of paths without a time series
+        if path_of(k) not in shown:
+            out.append(Padding(Text(safe_text(k.get("sentence"), SENTENCE_LIMIT)),
+                               (0, 0, 0, 2)))
+    return Group(*out)
+
+
 def render(result: Result, console: Console, paths: Any = None,
            connections: Any = None) -> None:
     """Print the whole terminal report (``paths``: a ``PathsAnalysis`` to include)."""
@@ -229,6 +430,11 @@ def render(result: Result, console: Console, paths: Any = None,
     if paths is not None and connections:
         for part in _paths(paths, connections):
             console.print(part)
+    if paths is not None:
+        load = load_section(getattr(paths, "timeseries", None), getattr(paths, "knees", None),
+                            console.width)
+        if load is not None:
+            console.print(load)
     slow = _slowest(result, width=console.width)
     if slow is not None:
         console.print(slow)
