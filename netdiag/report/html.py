@@ -47,6 +47,7 @@ from netdiag.report.svg import (
     fmt_ms,
     histogram,
     num,
+    path_intervals,
     scatter_chart,
     timeline_chart,
     waterfall,
@@ -608,30 +609,9 @@ def _load_series(doc: dict[str, Any]) -> list[tuple[str, str, list[Interval], bo
     """(key, shown name, intervals, estimated) of each path of ``timeseries`` with a
     request, in the order of ``summary.paths`` then the document's, requests on no path
     last; empty when no path has :data:`LOAD_MIN_INTERVALS` intervals."""
-    ts = _d(doc.get("timeseries"))
-    iv_s = (num(ts.get("interval_ms")) or 0.0) / 1000.0
-    start = num(ts.get("start_ts"))
     out = []
     longest = 0
-    for key, raw in _d(ts.get("paths")).items():
-        rows = _l(raw)
-        series: list[Interval] = []
-        for i, r in enumerate(rows):
-            r = _d(r)
-            t = num(r.get("start_ts"))
-            if t is None:
-                if start is None or not iv_s:
-                    continue
-                t = start + i * iv_s
-            n = num(r.get("requests")) or 0.0
-            rate = num(r.get("rate_per_s"))
-            if rate is None:
-                rate = n / iv_s if iv_s else 0.0
-            tt = _d(r.get("ttfb_ms"))
-            series.append(Interval(t, rate, int(n), num(tt.get("p99")), num(tt.get("p50")),
-                                   bool(r.get("estimated"))))
-        if not series:
-            continue
+    for key, series in path_intervals(doc.get("timeseries")):
         longest = max(longest, len(series))
         name = NO_PATH if key in (None, "null") else str(key)
         out.append((str(key), name, series, any(x.estimated for x in series)))

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 SERIES = 8
 """Series colour classes ``s0``..``s7`` (then they repeat)."""
@@ -422,6 +423,39 @@ class Interval:
     p99: float | None
     p50: float | None
     estimated: bool = False
+
+
+def path_intervals(timeseries: object) -> list[tuple[str, list[Interval]]]:
+    """``(key, intervals)`` of each path of a document's ``timeseries`` that has any (key
+    ``"null"`` for requests on no path), in the document's order. An interval without a
+    ``start_ts`` is placed by its index from the series' start; a missing rate is its
+    requests over the interval."""
+    ts = timeseries if isinstance(timeseries, dict) else {}
+    iv_s = (num(ts.get("interval_ms")) or 0.0) / 1000.0
+    start = num(ts.get("start_ts"))
+    paths = ts.get("paths")
+    out = []
+    for key, rows in (paths.items() if isinstance(paths, dict) else ()):
+        series = []
+        for i, r in enumerate(rows if isinstance(rows, list) else ()):
+            if not isinstance(r, dict):
+                continue
+            t = num(r.get("start_ts"))
+            if t is None:
+                if start is None or not iv_s:
+                    continue
+                t = start + i * iv_s
+            n = num(r.get("requests")) or 0.0
+            rate = num(r.get("rate_per_s"))
+            if rate is None:
+                rate = n / iv_s if iv_s else 0.0
+            block = r.get("ttfb_ms")
+            ttfb: dict[str, Any] = block if isinstance(block, dict) else {}
+            series.append(Interval(t, rate, int(n), num(ttfb.get("p99")), num(ttfb.get("p50")),
+                                   bool(r.get("estimated"))))
+        if series:
+            out.append(("null" if key is None else str(key), series))
+    return out
 
 
 @dataclass

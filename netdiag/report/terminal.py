@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from netdiag.report.svg import Bucket, Interval, bucket_load, count_text
+from netdiag.report.svg import Bucket, Interval, bucket_load, count_text, path_intervals
 from netdiag.report.svg import num as _finite
 from netdiag.report.units import ms_text
 from netdiag.result import Result
@@ -266,31 +266,8 @@ def _range(lo: float | None, hi: float | None, fmt: Any) -> str:
 def _load_series(timeseries: dict[str, Any]
                  ) -> list[tuple[str, list[Interval], bool]]:
     """(key, intervals, estimated) of each path with a request, requests on no path last."""
-    iv_s = (_finite(timeseries.get("interval_ms")) or 0.0) / 1000.0
-    start = _finite(timeseries.get("start_ts"))
-    paths = timeseries.get("paths")
-    out = []
-    for key, rows in (paths.items() if isinstance(paths, dict) else ()):
-        series = []
-        for i, r in enumerate(rows if isinstance(rows, list) else ()):
-            if not isinstance(r, dict):
-                continue
-            t = _finite(r.get("start_ts"))
-            if t is None:
-                if start is None or not iv_s:
-                    continue
-                t = start + i * iv_s
-            n = _finite(r.get("requests")) or 0.0
-            rate = _finite(r.get("rate_per_s"))
-            if rate is None:
-                rate = n / iv_s if iv_s else 0.0
-            block = r.get("ttfb_ms")
-            ttfb: dict[str, Any] = block if isinstance(block, dict) else {}
-            series.append(Interval(t, rate, int(n), _finite(ttfb.get("p99")),
-                                   _finite(ttfb.get("p50")), bool(r.get("estimated"))))
-        if series:
-            out.append((str(key) if key is not None else "null", series,
-                        any(x.estimated for x in series)))
+    out = [(key, series, any(x.estimated for x in series))
+           for key, series in path_intervals(timeseries)]
     out.sort(key=lambda t: t[0] == "null")
     return out
 
