@@ -32,6 +32,20 @@ server address lowers it a little. The typical offsets come from a first matchin
 adjacency. A child linked through several nested hops (an origin request lies inside
 both the router's and the edge's request) takes the innermost.
 
+**Bounded.** Under load a proxy holds hundreds of requests open at once, and each of
+its upstream requests lies inside all of them; linking costs requests times the
+*plausible* candidates, not times the overlap. The first-come-first-served estimate
+walks each parent group once, skipping the parents already taken (or whose window closed
+before every child still to come) once and for all. Each refined round weighs, per child
+and parent group, its equal-id parents and its :data:`MAX_CANDIDATES` cheapest others by
+that round's timing cost, found by walking outwards from the pair's typical offset in
+the parents sorted by start or first byte and skipping blocks of parents that cannot
+contain the child (:class:`_Order`). Where the cap may have decided a child's link (it
+got none, or one in the dearer half of those kept, while some were left out) its cap is
+doubled and its assignment run again, up to :data:`MAX_CANDIDATES_DEEP`; a child still
+so is linked ``ambiguous``, and so is one with a candidate left out that might cost as
+little as its link. ``Chains.stats`` counts what it looked at.
+
 **Without a profile** a pair of groups is linked only when the statistics say the
 parent is a proxy: at least :data:`PROXY_MIN_REQUESTS` matched pairs, and either most
 of them sent from the parent server's address or (with at least
@@ -61,8 +75,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heappush, heapreplace
 from itertools import pairwise
 from typing import Any
 
@@ -111,12 +126,23 @@ def _ending_after(ends: Sequence[int], block_ends: Sequence[int], hi: int, stop:
             if ends[k] >= end:
                 yield k
             k -= 1
-MAX_CANDIDATES = 256
-"""Candidate parents kept per child and parent group (the latest-starting ones): the
-time to link stays linear in requests whatever the concurrency."""
-MAX_SCAN = 4 * MAX_CANDIDATES
-"""Earlier requests of a parent group looked at per child: one request whose window
-spans the capture (an answer that never came) cannot make linking quadratic."""
+MAX_CANDIDATES = 16
+"""Candidate parents a refined round of the assignment weighs per child and parent group
+(beside those with the child's request id): the cheapest by the round's timing cost
+(:func:`_timing_cost`), so the time to link grows with requests times this, whatever the
+concurrency. Raised per child where the cap may have decided its link (up to
+:data:`MAX_CANDIDATES_DEEP`, :meth:`_Linker.assign`). 16 changes no link of the tests,
+of the lab's captures or of the shipped capture; 8 changed 17 links of the lab's
+captures (all but one to ``ambiguous``), 4 changed 70 (8 of them confidently): a burst
+whose true parents lie past the cap shifts the first-come-first-served order, and the
+shift reaches children whose own candidates were all weighed."""
+MAX_CANDIDATES_DEEP = 16 * MAX_CANDIDATES
+"""The largest cap a child's candidates are raised to where the cap may have decided
+its link; a child still so at it is linked ``ambiguous``."""
+MAX_SCAN = 1024
+"""Requests of a parent group stepped over (not containing the child) per child and
+parent group before a walk stops: one request whose window spans the capture (an answer
+that never came) cannot make linking quadratic."""
 REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "request-id")
 """Request headers whose equal values tie an upstream request to its cause."""
 
@@ -126,6 +152,8 @@ _PATH_PENALTY_MS = 20.0
 _SIZE_PENALTY_MS = 5.0
 _ADDRESS_BONUS_MS = 0.5
 _RID_COST = -1e9
+_INF = float("inf")
+_NO_EDGE = object()
 
 
 def _ms(ns: int | None) -> float | None:
@@ -353,6 +381,11 @@ class Chains:
     nodes: dict[tuple[str, int], Node]
     proxies: dict[str, ProxyEvidence]
     """Per server endpoint whose requests caused others."""
+    stats: dict[str, int] = field(default_factory=dict)
+    """What linking cost: ``children`` (requests that had a parent group to link to),
+    ``pairs_costed`` (distinct candidate links built and costed), ``pairs_stepped_over``
+    (requests of a parent group walked past because they did not contain the child),
+    ``links_weighed`` (candidate links given to the assignment, over its rounds)."""
 
     @property
     def roots(self) -> list[Node]:
@@ -700,42 +733,17 @@ def _assign(edges: list[_Edge], second: bool,
     return taken
 
 
-def _assign_fifo(edges: list[_Edge], end: bool) -> dict[int, _Edge]:
-    """First estimate, first come first served: each child in order takes the earliest
-    free parent that contains it (an equal request id first). ``end``: in the order of
-    first bytes (an answer relayed: the parent's first byte follows the child's), else
-    of starts (a call made on arrival)."""
-    if end:
-        edges = [e for e in edges if e.eo is not None and e.eo >= 0]
-    edges.sort(key=lambda e: (_order(e.child, end, True), not e.rid, _order(e.parent, end),
-                              e.base))
-    taken: dict[int, _Edge] = {}
-    used: set[int] = set()
-    for e in edges:
-        c, p = id(e.child), id(e.parent)
-        if c in taken or p in used or e.base >= _LATE_PENALTY_MS:
-            continue
-        taken[c] = e
-        used.add(p)
-    return taken
-
-
-def _first_estimates(edges: list[_Edge]) -> dict[tuple[Any, Any], _PairStats]:
+def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, Any], _PairStats],
+               parents: Mapping[tuple[Any, ...], Sequence[Node]]
+               ) -> dict[tuple[Any, Any], _PairStats]:
     """Per pair of groups, its typical timing from a first-come-first-served assignment
-    in start order and one in first-byte order: whichever makes its own offset the
-    steadier is the pair's anchor (a token call goes out on arrival; an origin's answer
-    is relayed)."""
-    by_gk: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
-    for e in edges:
-        by_gk[(e.pgroup, e.cgroup)].append(e)
-    starts = _pair_stats({gk: _assign_fifo(lst, False) for gk, lst in by_gk.items()})
-    ends = _pair_stats({gk: _assign_fifo(list(lst), True) for gk, lst in by_gk.items()})
-    parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
-    for e in edges:
-        parents[e.pgroup][id(e.parent)] = e.parent
+    in start order (``starts``) and one in first-byte order (``ends``): whichever makes
+    its own offset the steadier is the pair's anchor (a token call goes out on arrival;
+    an origin's answer is relayed). ``parents``: per parent group, its requests that
+    contain a candidate child (the gaps between them are what chance gives)."""
 
     def gap(group: tuple[Any, ...], end: bool) -> float | None:
-        ts = sorted(_anchor_ns(n, end) for n in parents[group].values())
+        ts = sorted(_anchor_ns(n, end) for n in parents.get(group, ()))
         gaps = sorted(b - a for a, b in pairwise(ts))
         return gaps[len(gaps) // 2] / 1e6 if gaps else None
 
@@ -788,6 +796,160 @@ def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
     return {k: _stats(v) for k, v in by_pair.items()}
 
 
+def _levels(vals: list[int], take: Callable[[int, int], int]) -> list[list[int]]:
+    """``take`` (max or min) of ``vals`` over aligned blocks of 1, 2, 4, 8, ... values:
+    ``levels[L][b]`` covers ``vals[b << L:(b + 1) << L]``."""
+    levels = [vals]
+    while len(levels[-1]) > 1:
+        prev = levels[-1]
+        nxt = [take(x, y) for x, y in zip(prev[::2], prev[1::2], strict=False)]
+        if len(prev) & 1:
+            nxt.append(prev[-1])
+        levels.append(nxt)
+    return levels
+
+
+@dataclass(slots=True)
+class _Order:
+    """Parents in one order (by start, or by first byte), with the ends of their windows
+    (and their starts) in that order, aggregated over aligned blocks: a walk for the
+    next parent that can contain a child skips a block of parents that all ended too
+    early (or began too late) at once, so it costs O(log n), not the requests in
+    between (:meth:`before`, :meth:`after`)."""
+
+    keys: list[int]
+    pos: list[int] | None
+    """Position in :attr:`_Parents.lst` of each (None: the same)."""
+    max_end: list[list[int]]
+    min_start: list[list[int]] | None
+    """None where the order is by start (its range already bounds the start)."""
+    steps: int = 0
+    """Blocks and parents the walks looked at (a debug statistic)."""
+
+    @classmethod
+    def of(cls, keys: list[int], pos: list[int] | None, ends: list[int],
+           starts: list[int] | None) -> _Order:
+        return cls(keys, pos, _levels(ends, max),
+                   None if starts is None else _levels(starts, min))
+
+    def _fits(self, level: int, b: int, end: int, start: int) -> bool:
+        """Some parent of block ``b`` of the level may contain the child."""
+        return self.max_end[level][b] >= end and (
+            self.min_start is None or self.min_start[level][b] <= start)
+
+    def before(self, i: int, lo: int, end: int, start: int) -> int:
+        """The last index from ``i`` down to ``lo`` whose parent's window lasts until
+        ``end`` and that began by ``start``; ``lo - 1`` where none does."""
+        top = len(self.max_end)
+        while i >= lo:
+            self.steps += 1
+            level = 0
+            while level + 1 < top and not (i + 1) & ((2 << level) - 1) \
+                    and not self._fits(level + 1, ((i + 1) >> (level + 1)) - 1, end, start):
+                level += 1
+            if level:
+                i -= 1 << level
+            elif self._fits(0, i, end, start):
+                return i
+            else:
+                i -= 1
+        return lo - 1
+
+    def after(self, i: int, hi: int, end: int, start: int) -> int:
+        """The first index from ``i`` up to ``hi - 1`` whose parent's window lasts until
+        ``end`` and that began by ``start``; ``hi`` where none does."""
+        top = len(self.max_end)
+        while i < hi:
+            self.steps += 1
+            level = 0
+            while level + 1 < top and not i & ((2 << level) - 1) \
+                    and not self._fits(level + 1, i >> (level + 1), end, start):
+                level += 1
+            if level:
+                i += 1 << level
+            elif self._fits(0, i, end, start):
+                return i
+            else:
+                i += 1
+        return hi
+
+
+@dataclass(slots=True)
+class _Parents:
+    """Requests of one parent group (or of a subset of it), sorted by start (then
+    connection id and index), with their windows' ends, and the same positions sorted by
+    first byte (then start): what the walks of the first-come-first-served estimate and
+    of the cheapest candidates bisect into."""
+
+    lst: list[Node]
+    starts: list[int]
+    ends: list[int]
+    """``window_end_ns`` of each."""
+    longest: int
+    """Longest window (end minus start): no request of the group contains a child that
+    ends more than this after it began."""
+    fb_pos: list[int]
+    """Positions (in ``lst``) of the requests with a first byte, by first byte."""
+    fbs: list[int]
+    by_start: _Order
+    by_fb: _Order
+    """Those with a first byte, by first byte."""
+    no_fb: _Order
+    """Those without a first byte, by start."""
+
+    @classmethod
+    def of(cls, lst: list[Node]) -> _Parents:
+        starts = [n.req.ts_ns for n in lst]
+        ends = [n.window_end_ns for n in lst]
+        longest = max((e - s for s, e in zip(starts, ends, strict=True)), default=0)
+        fb_pos = sorted((k for k, n in enumerate(lst) if n.req.first_byte_ns is not None),
+                        key=lambda k: (lst[k].req.first_byte_ns, k))
+        fbs = [lst[k].req.first_byte_ns or 0 for k in fb_pos]
+        nofb_pos = [k for k, n in enumerate(lst) if n.req.first_byte_ns is None]
+        return cls(lst, starts, ends, longest, fb_pos, fbs,
+                   _Order.of(starts, None, ends, None),
+                   _Order.of(fbs, fb_pos, [ends[k] for k in fb_pos],
+                             [starts[k] for k in fb_pos]),
+                   _Order.of([starts[k] for k in nofb_pos], nofb_pos,
+                             [ends[k] for k in nofb_pos], None))
+
+
+def _find(nxt: list[int], i: int) -> int:
+    """The first position from ``i`` on not yet removed (``nxt`` links removed positions
+    onwards; path compression keeps the walks short)."""
+    root = i
+    while nxt[root] != root:
+        root = nxt[root]
+    while nxt[i] != root:
+        nxt[i], i = root, nxt[i]
+    return root
+
+
+def _containing_counts(sub: _Parents, queries: Sequence[tuple[int, int]]) -> list[int]:
+    """For each ``(start, end)``: how many requests of ``sub`` began at or before
+    ``start`` and whose window lasts until ``end`` or later (a Fenwick tree over the
+    windows' ends, queries in start order: O((n + q) log n))."""
+    ranks = sorted(set(sub.ends))
+    size = len(ranks)
+    tree = [0] * (size + 1)
+    out = [0] * len(queries)
+    k = 0
+    for q in sorted(range(len(queries)), key=lambda q: queries[q][0]):
+        ts, end = queries[q]
+        while k < len(sub.lst) and sub.starts[k] <= ts:
+            i = bisect_left(ranks, sub.ends[k]) + 1
+            while i <= size:
+                tree[i] += 1
+                i += i & -i
+            k += 1
+        i, before = bisect_left(ranks, end), 0
+        while i > 0:
+            before += tree[i]
+            i -= i & -i
+        out[q] = k - before
+    return out
+
+
 class _Linker:
     """Builds the candidate graph and runs the assignment (see the module docstring)."""
 
@@ -808,6 +970,29 @@ class _Linker:
         """Server addresses per group."""
         self.considered: set[tuple[Any, Any]] = set()
         """Pairs of groups that passed the pair tests (before the proxy share test)."""
+        self.pairs_of: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], bool, bool]]] = {}
+        """Per child group, its parent groups: (group, declared, hopeless)."""
+        self.pair_info: dict[tuple[Any, Any], tuple[bool, bool]] = {}
+        """Per pair of groups that may link: (declared by the hop order, hopeless)."""
+        self.declared_pairs: set[tuple[Any, Any]] = set()
+        """Pairs with a declared candidate (the hop order, or a parent a profile
+        matched)."""
+        self.left_out: dict[tuple[int, tuple[Any, ...]], tuple[float, int, bool, float]] = {}
+        """Per child and parent group, of the last round: (lower bound of the cost of
+        the candidates it left out, candidates costed, all of them, where the dearer
+        half of those kept begins)."""
+        self.cap: dict[tuple[int, tuple[Any, ...]], int] = {}
+        """Per child and parent group, its cap where doubled (:meth:`assign`)."""
+        self.capped: set[tuple[int, tuple[Any, ...]]] = set()
+        """Children (and parent groups) the cap may have decided in the last round."""
+        self._node: dict[int, Node] = {id(n): n for n in nodes}
+        self.stepped = 0
+        self.weighed = 0
+        self._groups: dict[tuple[Any, ...], list[Node]] = {}
+        self._subsets: dict[tuple[Any, ...], _Parents] = {}
+        self._rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
+        self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
+        self._edges: dict[tuple[int, int], _Edge | None] = {}
         for n in nodes:
             self.group[id(n)] = self._group_of(n)
             self.kind[id(n)] = self._kind_of(n)
@@ -859,7 +1044,10 @@ class _Linker:
         own = self.clients.get(pg, set()) - self.servers.get(pg, set())
         return senders <= own
 
-    def candidates(self) -> list[_Edge]:
+    def prepare(self) -> None:
+        """Groups and their indexes, and per child group the parent groups it may link to
+        (decided once per pair of groups; pairs no statistic could accept are marked
+        hopeless: only links by equal request ids are built for them)."""
         groups: dict[tuple[Any, ...], list[Node]] = defaultdict(list)
         for n in self.nodes:
             if not is_resp(n.conn, n.req):
@@ -879,65 +1067,487 @@ class _Linker:
             ends = [n.window_end_ns for n in lst]
             index[g] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends),
                         max(e - n.req.ts_ns for n, e in zip(lst, ends, strict=True)))
+        self._groups = groups
         by_rid: dict[str, list[Node]] = defaultdict(list)
         for n in self.nodes:
             r = self.rid[id(n)]
             if r is not None and not is_resp(n.conn, n.req):
                 by_rid[r].append(n)
-        rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
         for r, lst in by_rid.items():
             lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
             ends = [n.window_end_ns for n in lst]
-            rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends))
-        edges: list[_Edge] = []
-        # per child group: the parent groups it may link to, whether the profile declares
-        # the pair, and their index (decided once per pair of groups)
+            self._rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends))
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for cg, pgs in self._overlapping_groups(index).items():
             parents_of[cg] = [(pg, declared, *index[pg]) for pg in pgs
                               for ok, declared in (self._allowed(pg, cg),) if ok]
         hopeless = self._hopeless_pairs(parents_of)
-        live_parents = {cg: [e for e in parents if (e[0], cg) not in hopeless]
-                        for cg, parents in parents_of.items()}
+        for cg, parents in parents_of.items():
+            self.pairs_of[cg] = [(e[0], e[1], (e[0], cg) in hopeless) for e in parents]
+            for pg, declared, dead in self.pairs_of[cg]:
+                self.pair_info[(pg, cg)] = (declared, dead)
+
+    def _subset(self, pg: tuple[Any, ...], trusted_only: bool, without_id: bool) -> _Parents:
+        """The requests of a parent group, all or only those on connections a profile
+        matched, all or only those without a request id (the candidates of a child that
+        carries one, beside its equal ids)."""
+        key = (pg, trusted_only, without_id)
+        sub = self._subsets.get(key)
+        if sub is None:
+            lst = [n for n in self._groups.get(pg, ())
+                   if (not trusted_only or n.conn.id in self.trusted)
+                   and (not without_id or self.rid[id(n)] is None)]
+            sub = self._subsets[key] = _Parents.of(lst)
+        return sub
+
+    def _same_rid(self, u: Node) -> dict[tuple[Any, ...], list[Node]]:
+        """Per parent group, the requests with the child's request id that contain it, in
+        start order: however far back they began (the newest :data:`MAX_SCAN` that began
+        before it: an id repeated without end costs no more)."""
+        got = self._same.get(id(u))
+        if got is not None:
+            return got
+        out: dict[tuple[Any, ...], list[Node]] = {}
+        urid = self.rid[id(u)]
+        if urid is not None and urid in self._rid_index:
+            same, starts, ends, blocks = self._rid_index[urid]
+            top = bisect_right(starts, u.req.ts_ns)
+            for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
+                p = same[k]
+                if self._contains(p, u):
+                    out.setdefault(self.group[id(p)], []).append(p)
+            for lst in out.values():
+                lst.reverse()
+        self._same[id(u)] = out
+        return out
+
+    def _edge_of(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
+                 declared: bool) -> _Edge | None:
+        """The candidate link ``p -> u``, built once (``p`` contains ``u``)."""
+        key = (id(p), id(u))
+        e = self._edges.get(key, _NO_EDGE)
+        if e is _NO_EDGE:
+            e = self._edges[key] = self._edge(p, u, pg, cg, declared, self.rid[id(u)])
+        return e  # type: ignore[return-value]
+
+    def _children_of_pairs(self) -> dict[tuple[Any, Any], list[Node]]:
+        """Per pair of groups, the children that may have a candidate in it."""
+        out: dict[tuple[Any, Any], list[Node]] = defaultdict(list)
         for u in self.nodes:
             cg = self.group[id(u)]
             urid = self.rid[id(u)]
-            seen: set[int] = set()
-            u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
-            # a child with a request id may still link by it to a hopeless pair's parent
-            for pg, declared, lst, starts, ends, block_ends, longest in (
-                    live_parents[cg] if urid is None else parents_of[cg]):
-                lo = bisect_left(starts, u_end - longest)
-                hi = bisect_right(starts, u_ts)
-                kept = 0
-                for k in _ending_after(ends, block_ends, hi, max(lo, hi - MAX_SCAN), u_end):
-                    p = lst[k]
-                    if p.conn is uc or p.conn.server == uc.server:
-                        continue
-                    e = self._edge(p, u, pg, cg, declared, urid)
-                    if e is None or (not e.rid and (pg, cg) in hopeless):
-                        continue
-                    edges.append(e)
-                    seen.add(id(p))
-                    kept += 1
-                    if kept >= MAX_CANDIDATES:
-                        break
-            if urid is not None and urid in rid_index:
-                # the same id, however far back its request began (the newest MAX_SCAN
-                # that began before it: an id repeated without end costs no more)
-                same, same_starts, same_ends, same_blocks = rid_index[urid]
-                top = bisect_right(same_starts, u_ts)
-                for k in _ending_after(same_ends, same_blocks, top, max(0, top - MAX_SCAN),
-                                       u_end):
-                    p = same[k]
-                    pg = self.group[id(p)]
-                    ok, declared = self._allowed(pg, cg)
-                    if id(p) in seen or not ok or not self._contains(p, u):
-                        continue
-                    e = self._edge(p, u, pg, cg, declared, urid)
-                    if e is not None:
-                        edges.append(e)
-        return edges
+            for pg, _declared, hopeless in self.pairs_of.get(cg, ()):
+                if hopeless and (urid is None or pg not in self._same_rid(u)):
+                    continue
+                out[(pg, cg)].append(u)
+        return out
+
+    def first_estimates(self) -> dict[tuple[Any, Any], _PairStats]:
+        """Per pair of groups, its typical timing from first-come-first-served
+        assignments over every candidate (:func:`_estimates`); also finds the pairs
+        that have a declared candidate (:attr:`declared_pairs`)."""
+        starts: dict[tuple[Any, Any], dict[int, _Edge]] = {}
+        ends: dict[tuple[Any, Any], dict[int, _Edge]] = {}
+        parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
+        for pair, kids in self._children_of_pairs().items():
+            starts[pair] = self._fifo(pair, kids, False)
+            ends[pair] = self._fifo(pair, kids, True)
+            marked = self._with_candidates(pair, kids)
+            parents[pair[0]].update(marked)
+            if marked and (self.pair_info[pair][0]
+                           or any(p.conn.id in self.trusted for p in marked.values())):
+                self.declared_pairs.add(pair)
+        return _estimates(_pair_stats(starts), _pair_stats(ends),
+                          {g: list(d.values()) for g, d in parents.items()})
+
+    def _fifo(self, pair: tuple[Any, Any], kids: list[Node], end: bool) -> dict[int, _Edge]:
+        """First estimate, first come first served: each child in order takes the
+        earliest free parent that contains it (an equal request id first) and that it
+        does not follow after the parent's first byte. ``end``: in the order of first
+        bytes, parents answering after the child (an answer relayed), else of starts
+        (a call made on arrival). Parents taken, or whose window closed before every
+        child still to come, are skipped once and for all (:func:`_find`)."""
+        pg, cg = pair
+        declared, hopeless = self.pair_info[pair]
+        if end:
+            kids = [u for u in kids if u.req.first_byte_ns is not None]
+        kids = sorted(kids, key=lambda n: _order(n, end, True))
+        future = [0] * len(kids)  # the least end of the children from this one on
+        least = None
+        for i in range(len(kids) - 1, -1, -1):
+            e_ns = kids[i].end_ns
+            least = e_ns if least is None or e_ns < least else least
+            future[i] = least
+        used: set[int] = set()
+        links: dict[bool, list[int]] = {}
+        taken: dict[int, _Edge] = {}
+        for i, u in enumerate(kids):
+            e = None
+            same = self._same_rid(u).get(pg, ()) if self.rid[id(u)] is not None else ()
+            if end:
+                same = sorted((p for p in same if p.req.first_byte_ns is not None),
+                              key=lambda p: _order(p, True))
+            for p in same:
+                if id(p) in used:
+                    continue
+                cand = self._edge_of(p, u, pg, cg, declared)
+                if cand is None or cand.base >= _LATE_PENALTY_MS or (
+                        end and (cand.eo is None or cand.eo < 0)):
+                    continue
+                e = cand
+                break
+            if e is None and not hopeless:
+                without_id = self.rid[id(u)] is not None
+                sub = self._subset(pg, False, without_id)
+                nxt = links.get(without_id)
+                if nxt is None:
+                    nxt = links[without_id] = list(range(
+                        (len(sub.fb_pos) if end else len(sub.lst)) + 1))
+                e = (self._fifo_by_end(u, sub, nxt, used, pair, declared) if end else
+                     self._fifo_by_start(u, sub, nxt, used, future[i], pair, declared))
+            if e is not None:
+                taken[id(u)] = e
+                used.add(id(e.parent))
+        return taken
+
+    def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
+                       closed: int, pair: tuple[Any, Any], declared: bool) -> _Edge | None:
+        u_ts, u_end, server = u.req.ts_ns, u.end_ns, u.conn.server
+        hi = bisect_right(sub.starts, u_ts)
+        i = _find(nxt, bisect_left(sub.starts, u_end - sub.longest))
+        stepped = 0
+        while i < hi:
+            p = sub.lst[i]
+            if id(p) in used or sub.ends[i] < closed:
+                nxt[i] = i + 1
+            else:
+                if sub.ends[i] >= u_end and p.conn.server != server:
+                    e = self._edge_of(p, u, pair[0], pair[1], declared)
+                    if e is not None and e.base < _LATE_PENALTY_MS:
+                        self.stepped += stepped
+                        return e
+                stepped += 1
+                if stepped > MAX_SCAN:
+                    break
+            i = _find(nxt, i + 1)
+        self.stepped += stepped
+        return None
+
+    def _fifo_by_end(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
+                     pair: tuple[Any, Any], declared: bool) -> _Edge | None:
+        r = u.req
+        u_ts, u_end, server = r.ts_ns, u.end_ns, u.conn.server
+        assert r.first_byte_ns is not None
+        top = bisect_right(sub.fbs, u_ts + sub.longest)
+        j = _find(nxt, bisect_left(sub.fbs, r.first_byte_ns))
+        stepped = 0
+        while j < top:
+            k = sub.fb_pos[j]
+            p = sub.lst[k]
+            if id(p) in used:
+                nxt[j] = j + 1
+            else:
+                if sub.starts[k] <= u_ts and sub.ends[k] >= u_end and p.conn.server != server:
+                    e = self._edge_of(p, u, pair[0], pair[1], declared)
+                    if e is not None and e.base < _LATE_PENALTY_MS:
+                        self.stepped += stepped
+                        return e
+                stepped += 1
+                if stepped > MAX_SCAN:
+                    break
+            j = _find(nxt, j + 1)
+        self.stepped += stepped
+        return None
+
+    def _with_candidates(self, pair: tuple[Any, Any], kids: list[Node]) -> dict[int, Node]:
+        """The parents of the pair that contain at least one of its children (a
+        candidate link), found per parent through the children's least end from each
+        start on."""
+        pg, _cg = pair
+        hopeless = self.pair_info[pair][1]
+        marked: dict[int, Node] = {}
+        for u in kids:
+            for p in self._same_rid(u).get(pg, ()):
+                marked[id(p)] = p
+        if hopeless:
+            return marked
+        plain = [u for u in kids if self.rid[id(u)] is None]
+        with_id = [u for u in kids if self.rid[id(u)] is not None]
+        for children, parents in ((plain, self._subset(pg, False, False).lst),
+                                  (with_id, self._subset(pg, False, True).lst)):
+            if not children or not parents:
+                continue
+            children = sorted(children, key=lambda n: n.req.ts_ns)
+            kts = [n.req.ts_ns for n in children]
+            least: list[int] = [0] * len(children)
+            arg: list[int] = [0] * len(children)
+            for i in range(len(children) - 1, -1, -1):
+                e_ns = children[i].end_ns
+                if i + 1 < len(children) and least[i + 1] <= e_ns:
+                    least[i], arg[i] = least[i + 1], arg[i + 1]
+                else:
+                    least[i], arg[i] = e_ns, i
+            for p in parents:
+                i = bisect_left(kts, p.req.ts_ns)
+                w_end = p.window_end_ns
+                if id(p) in marked or i == len(children) or least[i] > w_end:
+                    continue
+                server = p.conn.server
+                if children[arg[i]].conn.server != server or any(
+                        u.end_ns <= w_end and u.conn.server != server
+                        for u in children[i:i + MAX_SCAN]):
+                    marked[id(p)] = p
+        return marked
+
+    def assign(self, stats: Mapping[tuple[Any, Any], _PairStats],
+               mode: Callable[[tuple[Any, Any]], str], *, by_kind: bool = True,
+               second: bool = False
+               ) -> tuple[dict[tuple[Any, Any], dict[int, _Edge]], list[_Edge]]:
+        """One round of the assignment (:func:`_matching`) over the candidate links of
+        :meth:`_links`, and those links. Where the cap may have decided the answer (a
+        child left without a link, or linked to the dearer half of the candidates kept
+        for it, while some were left out) its cap is doubled and its assignment run
+        again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
+        (:attr:`capped`: its link is ambiguous)."""
+        lists: dict[tuple[int, tuple[Any, ...]], list[_Edge]] = {}
+        for u in self.nodes:
+            for pg, declared, hopeless in self.pairs_of.get(self.group[id(u)], ()):
+                kept = self._links(u, pg, declared, hopeless, stats, mode)
+                if kept is not None:
+                    lists[(id(u), pg)] = kept
+        edges = [e for lst in lists.values() for e in lst]
+        self.weighed += len(edges)
+        matchings = _matching(edges, stats, second, by_kind)
+        while True:
+            deep: list[tuple[int, tuple[Any, ...]]] = []
+            for key, (_bound, _found, complete, half) in self.left_out.items():
+                if complete:
+                    continue
+                u = self._node[key[0]]
+                gk = (key[1], self.kind[id(u)] if by_kind else self.group[id(u)])
+                e = matchings.get(gk, {}).get(key[0])
+                if e is None or (not e.rid and e.cost >= half):
+                    deep.append(key)
+            self.capped = {k for k in deep if self.cap.get(k, MAX_CANDIDATES)
+                           >= MAX_CANDIDATES_DEEP}
+            if len(self.capped) == len(deep):
+                return matchings, edges
+            redo: set[tuple[Any, Any]] = set()
+            for key in deep:
+                if key in self.capped:
+                    continue
+                u = self._node[key[0]]
+                self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
+                declared, hopeless = self.pair_info[(key[1], self.group[id(u)])]
+                kept = self._links(u, key[1], declared, hopeless, stats, mode)
+                assert kept is not None
+                self.weighed += len(kept) - len(lists[key])
+                lists[key] = kept
+                redo.add((key[1], self.kind[id(u)] if by_kind else self.group[id(u)]))
+            edges = [e for lst in lists.values() for e in lst]
+            matchings.update(_matching(
+                [e for e in edges if (e.pgroup, e.kind if by_kind else e.cgroup) in redo],
+                stats, second, by_kind))
+
+    def _links(self, u: Node, pg: tuple[Any, ...], declared: bool, hopeless: bool,
+               stats: Mapping[tuple[Any, Any], _PairStats],
+               mode: Callable[[tuple[Any, Any]], str]) -> list[_Edge] | None:
+        """The candidate links of one child in one parent group that a round weighs:
+        the parents with the child's request id and its cheapest others under ``stats``
+        (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
+        pair has none to weigh. ``mode`` per pair of groups: ``all`` its candidates,
+        ``trusted`` only parents a profile matched, ``rid`` only equal request ids."""
+        urid = self.rid[id(u)]
+        if hopeless and urid is None:
+            return None
+        cg = self.group[id(u)]
+        kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
+                if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
+        how = "rid" if hopeless else mode((pg, cg))
+        key = (id(u), pg)
+        if how != "rid":
+            sub = self._subset(pg, how == "trusted", urid is not None)
+            cheapest, bound, found, complete, half = self._cheapest(
+                u, sub, pg, cg, declared, stats.get((pg, cg)), self.cap.get(key, MAX_CANDIDATES))
+            kept += cheapest
+            self.left_out[key] = (bound, found, complete, half)
+        else:
+            self.left_out.pop(key, None)
+        if len(kept) > 1:
+            kept.sort(key=lambda e: (e.parent.req.ts_ns, e.parent.conn.id, e.parent.index),
+                      reverse=True)
+        return kept
+
+    def _cheapest(self, u: Node, sub: _Parents, pg: tuple[Any, ...], cg: tuple[Any, ...],
+                  declared: bool, st: _PairStats | None, cap: int
+                  ) -> tuple[list[_Edge], float, int, bool, float]:
+        """The child's ``cap`` cheapest candidates in ``sub`` under the pair's
+        statistics ``st``: (them, a lower bound of the cost of every candidate left out,
+        the candidates costed, whether that was all of them, the cost from which on the
+        dearer half of those kept lies).
+
+        The cost's main term is one offset's distance from the pair's typical one
+        (:func:`_timing_cost`), and the offset is monotone in the parent's start (or
+        first byte) on each stretch: so walking outwards from the typical offset in the
+        parents sorted by it meets candidates in rising order of a lower bound of their
+        cost (that distance less :data:`_ADDRESS_BONUS_MS`), and the walk stops when the
+        bound reaches the dearest one kept. Parents that do not contain the child are
+        skipped by blocks (:class:`_Order`); those on the child's own server are stepped
+        over (at most :data:`MAX_SCAN`: a walk cut short leaves its bound at minus
+        infinity, and the link is ambiguous)."""
+        r = u.req
+        u_ts, u_end, u_fb, server = r.ts_ns, u.end_ns, r.first_byte_ns, u.conn.server
+        syn = u.syn_first_ns
+        walks: list[list[Any]] = []  # [order, lo, hi, target, next left, next right]
+
+        def walk(order: _Order, a: int, b: int, target: float) -> None:
+            if a < b:
+                m = bisect_left(order.keys, target, a, b)
+                walks.append([order, a, b, target, order.before(m - 1, a, u_end, u_ts),
+                              order.after(m, b, u_end, u_ts)])
+
+        def by_start(order: _Order, typical_ns: float) -> None:
+            keys = order.keys
+            a = bisect_left(keys, earliest)
+            b = bisect_right(keys, u_ts)
+            # sent at the SYN, as the parents that began before it see it (_edge)
+            if syn is not None:
+                k = max(a, min(b, bisect_right(keys, syn, a, b)))
+                walk(order, a, k, syn - typical_ns)
+                walk(order, k, b, u_ts - typical_ns)
+            else:
+                walk(order, a, b, u_ts - typical_ns)
+
+        earliest = u_end - sub.longest
+        fbs = sub.fbs
+        seen: set[int] | None = None
+        if st is None:  # base + the smaller of the start offset and a positive end offset
+            by_start(sub.by_start, 0.0)
+            if u_fb is not None:
+                walk(sub.by_fb, bisect_left(fbs, u_fb), bisect_right(fbs, u_ts + sub.longest),
+                     float(u_fb))
+            seen = set()
+        elif st.anchor_is_end and u_fb is not None and st.med_eo is not None:
+            walk(sub.by_fb, bisect_left(fbs, earliest), bisect_right(fbs, u_ts + sub.longest),
+                 u_fb + st.med_eo * 1e6)
+            by_start(sub.no_fb, st.med_so * 1e6)
+        else:
+            by_start(sub.by_start, st.med_so * 1e6)
+        heap: list[tuple[float, int, _Edge]] = []  # the dearest kept on top
+        left_out = bound = inf = _INF
+        found = stepped = 0
+        cut = False
+        while True:
+            best, pick, right = inf, None, False
+            for w in walks:
+                if w[4] >= w[1]:
+                    d = w[3] - w[0].keys[w[4]]
+                    if d < best:
+                        best, pick, right = d, w, False
+                if w[5] < w[2]:
+                    d = w[0].keys[w[5]] - w[3]
+                    if d < best:
+                        best, pick, right = d, w, True
+            if pick is None:
+                bound = inf
+                break
+            bound = best / 1e6 - _ADDRESS_BONUS_MS - 1e-6
+            if len(heap) >= cap and bound >= -heap[0][0]:
+                break
+            order = pick[0]
+            if right:
+                i = pick[5]
+                pick[5] = order.after(i + 1, pick[2], u_end, u_ts)
+            else:
+                i = pick[4]
+                pick[4] = order.before(i - 1, pick[1], u_end, u_ts)
+            k = i if order.pos is None else order.pos[i]
+            p = sub.lst[k]
+            if seen is not None:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+            if p.conn.server == server:
+                stepped += 1
+                if stepped > MAX_SCAN:
+                    cut = True
+                    break
+                continue
+            e = self._edge_of(p, u, pg, cg, declared)
+            if e is None:
+                continue
+            cost = _timing_cost(e, st)
+            found += 1
+            if len(heap) < cap:
+                heappush(heap, (-cost, found, e))
+            elif cost < -heap[0][0]:
+                left_out = min(left_out, -heapreplace(heap, (-cost, found, e))[0])
+            else:
+                left_out = min(left_out, cost)
+        self.stepped += stepped
+        complete = pick is None and not cut
+        costs = sorted(-x[0] for x in heap)
+        return ([x[2] for x in heap], -_INF if cut else min(bound, left_out), found,
+                complete, costs[len(costs) // 2] if costs else _INF)
+
+    def walked(self) -> int:
+        """Steps of the walks for the cheapest candidates over blocks of parents."""
+        return sum(o.steps for sub in self._subsets.values()
+                   for o in (sub.by_start, sub.by_fb, sub.no_fb))
+
+    def link_of(self, p: Node, u: Node, stats: Mapping[tuple[Any, Any], _PairStats],
+                mode: Callable[[tuple[Any, Any]], str]) -> _Edge | None:
+        """The final round's candidate link ``p -> u``, costed, whether or not it was
+        among the child's cheapest (None where it is no candidate there)."""
+        pg, cg = self.group[id(p)], self.group[id(u)]
+        info = self.pair_info.get((pg, cg))
+        if info is None or is_resp(p.conn, p.req) or not self._contains(p, u):
+            return None
+        declared, hopeless = info
+        urid, prid = self.rid[id(u)], self.rid[id(p)]
+        if urid is not None and urid == prid:
+            if p not in self._same_rid(u).get(pg, ()):
+                return None
+        else:
+            how = "rid" if hopeless else mode((pg, cg))
+            if how == "rid" or (how == "trusted" and p.conn.id not in self.trusted):
+                return None
+        e = self._edge_of(p, u, pg, cg, declared)
+        if e is not None:
+            e.cost = _timing_cost(e, stats.get((pg, cg)))
+        return e
+
+    def candidate_counts(self, links: Sequence[_Edge],
+                         mode: Callable[[tuple[Any, Any]], str]) -> list[int]:
+        """Per final link, how many requests of its parent group could have caused the
+        child under the final round's rules (equal ids, then containment): counted in
+        the walk where it met them all, else over the group's requests
+        (:func:`_containing_counts`)."""
+        out = [0] * len(links)
+        queries: dict[tuple[Any, ...], list[tuple[int, Node]]] = defaultdict(list)
+        for q, e in enumerate(links):
+            u, pg = e.child, e.pgroup
+            urid = self.rid[id(u)]
+            out[q] = len(self._same_rid(u).get(pg, ())) if urid is not None else 0
+            info = self.pair_info[(pg, e.cgroup)]
+            how = "rid" if info[1] else mode((pg, e.cgroup))
+            if how == "rid":
+                continue
+            _bound, found, complete, _half = self.left_out[(id(u), pg)]
+            if complete:
+                out[q] += found
+            else:
+                queries[(pg, how == "trusted", urid is not None)].append((q, u))
+        for key, qs in queries.items():
+            sub = self._subset(*key)
+            servers = {p.conn.server for p in sub.lst}
+            counts = _containing_counts(sub, [(u.req.ts_ns, u.end_ns) for _q, u in qs])
+            for (q, u), n in zip(qs, counts, strict=True):
+                if u.conn.server in servers:  # a parent on the child's own server is none
+                    n -= sum(1 for p in sub.lst if p.conn.server == u.conn.server
+                             and p.req.ts_ns <= u.req.ts_ns and p.window_end_ns >= u.end_ns)
+                out[q] += n
+        return out
 
     def _overlapping_groups(self, index: Mapping[tuple[Any, ...], tuple[Any, ...]]
                             ) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
@@ -1082,15 +1692,14 @@ class _Linker:
 
     def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
                        matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
-                       edges: Sequence[_Edge],
+                       declared: set[tuple[Any, Any]],
                        estimates: Mapping[tuple[Any, Any], _PairStats]
                        ) -> set[tuple[Any, Any]]:
         """Pairs of groups whose links stand: declared by the profile, or a proxy by the
         statistics (module docstring). The steadiness of a pair's timing is judged on
         the first-come-first-served estimate, which chose no link for its timing (the
         refined assignment picks links near the typical offset, so any pair would look
-        steady there)."""
-        declared = {(e.pgroup, e.cgroup) for e in edges if e.declared}
+        steady there). ``declared``: the pairs with a declared candidate."""
         sizes: dict[tuple[Any, ...], int] = defaultdict(int)
         for n in self.nodes:
             sizes[self.group[id(n)]] += 1
@@ -1134,39 +1743,65 @@ def _innermost(options: list[_Edge]) -> _Edge:
     return best
 
 
-def _label(e: _Edge, alts: Sequence[_Edge], by_pair: Mapping[tuple[int, int], _Edge],
-           child_of: Mapping[int, _Edge], end: bool, jitter_ns: int) -> tuple[str, int]:
-    """The contract's link kind of a chosen edge, and its candidate count. A swap with
+def _label(e: _Edge, alts: Sequence[_Edge], count: int, left_out: float,
+           link_of: Callable[[Node, Node], _Edge | None], child_of: Mapping[int, _Edge],
+           chosen: Mapping[int, _Edge], into: Mapping[int, Sequence[_Edge]], end: bool,
+           jitter_ns: int) -> str:
+    """The contract's link kind of a chosen edge. ``alts``: the child's candidates in
+    the parent's group that the assignment weighed; ``count`` all of them;
+    ``left_out`` a lower bound of the cost of those it did not weigh. A swap with
     another parent's child that costs as little but puts the two out of order is no
     equal alternative (a proxy handles the requests of one connection first come, first
     served: order is evidence), unless the two parents came on different connections
     closer together than the pair's timing varies (``jitter_ns``, the spread of its
-    steadier offset)."""
+    steadier offset).
+
+    Candidates left out are weighed too: one as cheap as the link makes it ambiguous;
+    a swap through one needs the link's parent to cost another parent's child less than
+    that child's own link, so it is among that child's cheapest candidates (``into``:
+    the weighed links per parent) and is found from there (``link_of`` builds the
+    links not weighed)."""
     if e.rid:
-        return "request-id", len(alts)
-    if len(alts) <= 1:
-        return "unique", len(alts)
-    for a in alts:
-        if a is e or a.rid:
-            continue
-        other = child_of.get(id(a.parent))
-        if other is None:
-            if a.cost - e.cost < AMBIGUITY_MS:
-                return "ambiguous", len(alts)
-            continue
-        swap = by_pair.get((id(e.parent), id(other.child)))
+        return "request-id"
+    if count <= 1:
+        return "unique"
+    if left_out - e.cost < AMBIGUITY_MS:
+        return "ambiguous"
+
+    def swap_fits(a: _Edge, other: _Edge) -> bool:
+        swap = link_of(e.parent, other.child)
         if swap is None or swap.cost + a.cost - e.cost - other.cost >= AMBIGUITY_MS:
-            continue
+            return False
         pa, pe = _anchor_ns(a.parent, end), _anchor_ns(e.parent, end)
         ca, ce = _anchor_ns(other.child, end, True), _anchor_ns(e.child, end, True)
         # requests on one connection are handled in the order they came; on two, by
         # whichever worker took each, so arrival order is evidence only when they came
         # further apart than the pair's timing varies
         unordered = (a.parent.conn is not e.parent.conn and abs(pa - pe) <= jitter_ns)
-        if unordered or (ca == ce and other.child.conn is not e.child.conn) \
-                or not _in_order(e.parent, e.child, a.parent, other.child, end):
-            return "ambiguous", len(alts)
-    return "matched", len(alts)
+        return (unordered or (ca == ce and other.child.conn is not e.child.conn)
+                or not _in_order(e.parent, e.child, a.parent, other.child, end))
+
+    for a in alts:
+        if a is e or a.rid:
+            continue
+        other = child_of.get(id(a.parent))
+        if other is None:
+            if a.cost - e.cost < AMBIGUITY_MS:
+                return "ambiguous"
+            continue
+        if swap_fits(a, other):
+            return "ambiguous"
+    if left_out < _INF:
+        weighed = {id(a.parent) for a in alts}
+        for s in into.get(id(e.parent), ()):
+            other = chosen.get(id(s.child))
+            if other is None or other.parent is e.parent or id(other.parent) in weighed \
+                    or child_of.get(id(other.parent)) is not other:
+                continue
+            alt = link_of(other.parent, e.child)
+            if alt is not None and not alt.rid and swap_fits(alt, other):
+                return "ambiguous"
+    return "matched"
 
 
 def _first_request_index(conn: Connection) -> int | None:
@@ -1194,9 +1829,9 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         if i is not None and c.syn_ns is not None and c.syn_ns <= c.requests[i].ts_ns:
             nodes[(c.id, i)].syn_first_ns = c.syn_ns
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
-    edges = linker.candidates()
+    linker.prepare()
 
-    estimates = _first_estimates(edges)
+    estimates = linker.first_estimates()
     # pairs the statistics could never accept do not go through the refined rounds
     sizes: dict[tuple[Any, ...], int] = defaultdict(int)
     for n in nodes.values():
@@ -1205,20 +1840,28 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
               if st.address_share >= PROXY_MIN_SHARE * 0.5
               or (st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX
                   and st.n >= VIABLE_SHARE * sizes[pair[1]])}
-    edges = [e for e in edges if e.declared or e.rid or (e.pgroup, e.cgroup) in viable]
-    stats = _keep_anchors(_pair_stats(_matching(edges, estimates, by_kind=False)),
-                          estimates)
-    second = _matching(edges, stats, by_kind=False)
-    stats = _keep_anchors(_pair_stats(second), estimates)
-    keep = linker.accepted_pairs(stats, second, edges, estimates)
-    final_edges = [e for e in edges if e.rid or (e.pgroup, e.cgroup) in keep]
-    final = _matching(final_edges, stats, second=True)
 
-    alternatives: dict[tuple[Any, Any, int], list[_Edge]] = defaultdict(list)
+    def refined(pair: tuple[Any, Any]) -> str:  # links declared, by id, or of viable pairs
+        return "all" if pair in viable or linker.pair_info[pair][0] else "trusted"
+
+    first, _edges = linker.assign(estimates, refined, by_kind=False)
+    stats = _keep_anchors(_pair_stats(first), estimates)
+    second, _edges = linker.assign(stats, refined, by_kind=False)
+    stats = _keep_anchors(_pair_stats(second), estimates)
+    keep = linker.accepted_pairs(stats, second, linker.declared_pairs, estimates)
+
+    def final_mode(pair: tuple[Any, Any]) -> str:  # links by id, or of pairs that stand
+        return refined(pair) if pair in keep else "rid"
+
+    final, final_edges = linker.assign(stats, final_mode, second=True)
+
+    alternatives: dict[tuple[Any, int], list[_Edge]] = defaultdict(list)
     by_pair: dict[tuple[int, int], _Edge] = {}
+    into: dict[int, list[_Edge]] = defaultdict(list)
     for e in final_edges:
-        alternatives[(e.pgroup, e.kind, id(e.child))].append(e)
+        alternatives[(e.pgroup, id(e.child))].append(e)
         by_pair[(id(e.parent), id(e.child))] = e
+        into[id(e.parent)].append(e)
     options: dict[int, list[_Edge]] = defaultdict(list)
     for m in final.values():
         for e in m.values():
@@ -1226,15 +1869,23 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     child_of_by_gk: dict[tuple[Any, Any], dict[int, _Edge]] = {
         gk: {id(e.parent): e for e in m.values()} for gk, m in final.items()}
 
-    for opts in options.values():
-        e = _innermost(opts)
+    def link_of(p: Node, u: Node) -> _Edge | None:
+        e = by_pair.get((id(p), id(u)))
+        return e if e is not None else linker.link_of(p, u, stats, final_mode)
+
+    chosen = [_innermost(opts) for opts in options.values()]
+    counts = linker.candidate_counts(chosen, final_mode)
+    for e, count in zip(chosen, counts, strict=True):
         u, p = e.child, e.parent
         gk = (e.pgroup, e.kind)
         st = stats.get((e.pgroup, e.cgroup))
         end = st is not None and st.anchor_is_end
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
-        u.link, u.candidates = _label(e, alternatives[(e.pgroup, e.kind, id(u))], by_pair,
-                                      child_of_by_gk[gk], end, round(jitter * 1e6))
+        left_out = -_INF if (id(u), e.pgroup) in linker.capped else \
+            linker.left_out.get((id(u), e.pgroup), (_INF,))[0]
+        u.link = _label(e, alternatives[(e.pgroup, id(u))], count, left_out, link_of,
+                        child_of_by_gk[gk], final[gk], into, end, round(jitter * 1e6))
+        u.candidates = count
         u.parent = p
         u.from_parent_address = e.address
         p.children.append(u)
@@ -1248,7 +1899,12 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         if p is not None and p.req.ts_ns <= c.syn_ns <= u.req.ts_ns:
             u.opened = True
 
-    return Chains(nodes, _proxy_evidence(nodes, second, linker.considered))
+    return Chains(nodes, _proxy_evidence(nodes, second, linker.considered),
+                  {"children": sum(1 for n in linker.nodes if linker.pairs_of.get(
+                      linker.group[id(n)])),
+                   "pairs_costed": len(linker._edges),
+                   "pairs_stepped_over": linker.stepped + linker.walked(),
+                   "links_weighed": linker.weighed})
 
 
 def _proxy_evidence(nodes: Mapping[tuple[str, int], Node],
