@@ -45,10 +45,15 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.protocols.tls_infer",
     "netdiag.protocols.tls",
     "netdiag.protocols.hpack_decode",
+    "netdiag.protocols.sse",
+    "netdiag.protocols.http2",
+    "netdiag.tls.decrypt",
+    "netdiag.protocols.tls_decrypt",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
-record walk, HPACK decoding); everything else is pure Python (decryption and the HTTP
-analyzers too)."""
+record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
+decryption and the decrypting TLS analyzer); everything else is pure Python (HTTP/1.x
+and RESP too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``
 (inside the package, which an editable install maps onto the source tree)."""

@@ -5,17 +5,21 @@ TLS layer, with decrypted bytes) feeds each direction's bytes in order, split
 anywhere, with the capture time and packet number of the segment that carried them.
 Nothing here reads a clock or raises for bad bytes.
 
-Framing. The 9-byte frame header is read with one ``struct.unpack_from`` on the fed
-bytes; a frame's time is the capture time of the segment carrying its first byte
-(the header), its *last-byte time* that of the segment carrying its last byte. DATA
-bodies are not parsed by hyperframe and usually not even copied: the analyzer keeps
-a count of the body bytes still to come and only reads the pad-length byte, so a
-segment inside a DATA frame costs a few comparisons. DATA bodies are buffered only
-for ``text/event-stream`` responses (the SSE counter needs them). The bodies of
-HEADERS, PUSH_PROMISE, SETTINGS, RST_STREAM, GOAWAY and WINDOW_UPDATE frames are
-parsed by ``hyperframe`` (``Frame.parse_frame_header`` + ``parse_body``), every
-exception it raises caught; CONTINUATION bodies are the header-block fragment
-itself. PING, PRIORITY and unknown frame types are skipped without being copied.
+Framing. The 9-byte frame header is read with integer operations on the fed bytes;
+a frame's time is the capture time of the segment carrying its first byte (the
+header), its *last-byte time* that of the segment carrying its last byte. DATA
+bodies are usually not even copied: the analyzer keeps a count of the body bytes
+still to come and only reads the pad-length byte, so a segment inside a DATA frame
+costs a few comparisons. DATA bodies are buffered only for ``text/event-stream``
+responses (the SSE counter needs them). The bodies of HEADERS, PUSH_PROMISE,
+SETTINGS, RST_STREAM, GOAWAY and WINDOW_UPDATE frames are read here too, with the
+checks ``hyperframe`` 6 (``Frame.parse_frame_header`` + ``parse_body``) makes, in its
+order and with its messages (:func:`frame_error`; ``tests/protocols/test_http2_frames.py``
+compares the two): a frame hyperframe would refuse is a warning quoting its message
+and is otherwise ignored. No frame object is built. A body that arrives whole in
+one segment is one slice of it; CONTINUATION bodies are the header-block fragment
+itself. PING, PRIORITY and unknown frame types are skipped without being copied or
+checked.
 One :class:`~netdiag.protocols.hpack_decode.HpackDecoder` per direction (``hpack.Decoder``'s
 behaviour, compiled) decodes the header blocks (HEADERS or
 PUSH_PROMISE plus CONTINUATIONs, decoded when END_HEADERS arrives, timed at the
@@ -89,8 +93,9 @@ Cost, measured on the development machine (CPython 3.11): about 1.1-1.4 µs per
 DATA frame of any size on an ordinary response (one frame per feed or ten), 0.4 µs
 per TCP segment falling inside a DATA body, 4-7 µs per DATA frame of a small-event
 ``text/event-stream`` response (the SSE counter's share) and ~40 µs for 16 KiB
-event-stream frames; hyperframe's own header+body parse of one DATA frame costs
-2.3-2.8 µs, which is why DATA frames bypass it.
+event-stream frames (pure Python; the compiled module, ``netdiag._core``, takes a
+fraction of that); hyperframe's own header+body parse of one DATA frame costs 2.3-2.8
+µs, which is why no frame goes through it.
 
 Bounded state, linear time (issue 11). SETTINGS_INITIAL_WINDOW_SIZE changes move one
 offset that every stream window is read through, instead of visiting the streams;
@@ -125,13 +130,11 @@ from __future__ import annotations
 
 import base64
 import heapq
-import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from hpack import HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
-from hyperframe.frame import Frame
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.hpack_decode import HpackDecoder
@@ -142,45 +145,72 @@ if TYPE_CHECKING:
     from hpack import Decoder
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""The client connection preface (24 bytes)."""
 SHARED_HEADERS_MAX = 1 << 14
 """Decoded header fields kept once and shared by every request that repeats them
 (``:method: GET``, ``content-type: ...``): a big capture repeats the same fields millions
 of times. Fields with values longer than :data:`SHARED_VALUE_MAX` are never shared;
 once full, the cache stops growing (nothing depends on it but memory)."""
 SHARED_VALUE_MAX = 96
-_shared_headers: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+_shared_headers: dict[tuple[bytes, bytes], Any] = {}
+"""The shared ``(name, value)`` tuples of ``str``, by the field's bytes (values typed
+``Any``, see :func:`_text_pair`: compiled, the module then hands on these very tuple
+objects, not copies)."""
+
+
+def _text_pair(k: bytes, v: bytes) -> Any:
+    """``(name, value)`` as ``str``, built once (typed ``Any``: compiled, a tuple typed as
+    one would be copied into a new tuple wherever it is stored or returned)."""
+    return k.decode("utf-8", "replace"), v.decode("utf-8", "replace")
 
 
 def _header_pair(k: bytes | bytearray | memoryview, v: bytes | bytearray | memoryview
-                 ) -> tuple[str, str]:
-    """One decoded header field as text, the same tuple for every repeat of a short one."""
+                 ) -> Any:
+    """One decoded header field as text (``tuple[str, str]``), the same tuple for every
+    repeat of a short one."""
     kb, vb = bytes(k), bytes(v)
     if len(vb) > SHARED_VALUE_MAX:
-        return kb.decode("utf-8", "replace"), vb.decode("utf-8", "replace")
+        return _text_pair(kb, vb)
     key = (kb, vb)
     pair = _shared_headers.get(key)
     if pair is None:
-        pair = (kb.decode("utf-8", "replace"), vb.decode("utf-8", "replace"))
+        pair = _text_pair(kb, vb)
         if len(_shared_headers) < SHARED_HEADERS_MAX:
             _shared_headers[key] = pair
     return pair
-"""The client connection preface (24 bytes)."""
 
-DATA = 0
-HEADERS = 1
-PRIORITY = 2
-RST_STREAM = 3
-SETTINGS = 4
-PUSH_PROMISE = 5
-PING = 6
-GOAWAY = 7
-WINDOW_UPDATE = 8
-CONTINUATION = 9
 
-FLAG_END_STREAM = 0x1
-FLAG_ACK = 0x1
-FLAG_END_HEADERS = 0x4
-FLAG_PADDED = 0x8
+def _header_pairs(fields: list[Any]) -> list[tuple[str, str]]:
+    """:func:`_header_pair` of each field of a decoded block (tuples of ``bytes``, as
+    ``HpackDecoder`` returns them: a field already shared is looked up as it is)."""
+    shared = _shared_headers
+    out: list[Any] = []
+    for field in fields:
+        pair = shared.get(field)
+        if pair is None:
+            pair = _header_pair(field[0], field[1])
+        out.append(pair)
+    return out
+
+
+# Wire constants are Final (mypyc inlines them); the limits below are not, so that tests
+# can lower them on the compiled module too.
+DATA: Final = 0
+HEADERS: Final = 1
+PRIORITY: Final = 2
+RST_STREAM: Final = 3
+SETTINGS: Final = 4
+PUSH_PROMISE: Final = 5
+PING: Final = 6
+GOAWAY: Final = 7
+WINDOW_UPDATE: Final = 8
+CONTINUATION: Final = 9
+
+FLAG_END_STREAM: Final = 0x1
+FLAG_ACK: Final = 0x1
+FLAG_END_HEADERS: Final = 0x4
+FLAG_PADDED: Final = 0x8
+FLAG_PRIORITY: Final = 0x20
 
 ERROR_CODES = {
     0x0: "NO_ERROR", 0x1: "PROTOCOL_ERROR", 0x2: "INTERNAL_ERROR",
@@ -198,9 +228,9 @@ SETTING_NAMES = {
 }
 """SETTINGS parameters by identifier (RFC 9113, RFC 8441, RFC 9218)."""
 
-SETTING_HEADER_TABLE_SIZE = 0x1
-SETTING_INITIAL_WINDOW_SIZE = 0x4
-SETTING_MAX_FRAME_SIZE = 0x5
+SETTING_HEADER_TABLE_SIZE: Final = 0x1
+SETTING_INITIAL_WINDOW_SIZE: Final = 0x4
+SETTING_MAX_FRAME_SIZE: Final = 0x5
 
 DEFAULT_WINDOW = 65535
 """Initial flow-control window of the connection and of every stream."""
@@ -246,11 +276,9 @@ its receiver's SETTINGS_HEADER_TABLE_SIZE allowed): its later headers are not de
 LIMIT_FLOW_CONTROL = "http2_flow_control"
 """``limits_hit`` key: flow-control tracking stopped after too much bookkeeping."""
 
-CLIENT = 0
-SERVER = 1
-_SIDES = ("client", "server")
-_HDR = struct.Struct("!HBBBL")
-"""Frame header as (length high 16 bits, length low 8 bits, type, flags, stream id)."""
+CLIENT: Final = 0
+SERVER: Final = 1
+_SIDES: tuple[str, ...] = ("client", "server")
 
 
 def error_name(code: int) -> str:
@@ -261,6 +289,103 @@ def error_name(code: int) -> str:
 def setting_name(ident: int) -> str:
     """Name of a SETTINGS parameter, ``0x..`` for unknown ones."""
     return SETTING_NAMES.get(ident) or f"0x{ident:x}"
+
+
+# -- frame bodies ------------------------------------------------------------------------
+# hyperframe 6 used to parse these frames (``Frame.parse_frame_header`` + ``parse_body``);
+# the checks below are its checks, in its order, with its messages, so the warnings of a
+# frame it refuses are unchanged. tests/protocols/test_http2_frames.py compares them.
+
+def _u32(body: bytes | bytearray, i: int) -> int:
+    """The big-endian 32-bit integer at ``body[i:i + 4]`` (all 32 bits)."""
+    return (body[i] << 24) | (body[i + 1] << 16) | (body[i + 2] << 8) | body[i + 3]
+
+
+def frame_error(ftype: int, flags: int, sid: int, body: bytes | bytearray) -> str:
+    """Why hyperframe would refuse a HEADERS, PUSH_PROMISE, SETTINGS, RST_STREAM, GOAWAY
+    or WINDOW_UPDATE frame with this header (``sid`` without its reserved bit) and body:
+    the message of the exception it raises; ``""`` when it parses the frame (and for
+    other frame types, which are not checked)."""
+    n = len(body)
+    if ftype in (HEADERS, PUSH_PROMISE):
+        if not sid:
+            return ("Stream ID must be non-zero for "
+                    + ("HeadersFrame" if ftype == HEADERS else "PushPromiseFrame"))
+        pad = 0
+        start = 0
+        if flags & FLAG_PADDED:
+            if not n:
+                return "Invalid Padding data"
+            pad = body[0]
+            start = 1
+        if ftype == HEADERS:
+            size = n - start  # hyperframe's body_len: without the pad-length byte
+            if flags & FLAG_PRIORITY and size < 5:
+                return "Invalid Priority data"
+        else:
+            if n - start < 4:
+                return "Invalid PUSH_PROMISE body"
+            promised = _u32(body, start)  # all 32 bits, as hyperframe reads it
+            if promised == 0 or promised % 2:
+                return f"Invalid PUSH_PROMISE promised stream id: {promised}"
+            size = n
+        if pad and pad >= size:
+            return "Padding is too long."
+        return ""
+    if ftype == SETTINGS:
+        if sid:
+            return f"Stream ID must be zero for SettingsFrame with stream_id={sid}"
+        if flags & FLAG_ACK and n:
+            return f"SETTINGS ack frame must not have payload: got {n} bytes"
+        if n % 6:
+            return "Invalid SETTINGS body"
+        return ""
+    if ftype == RST_STREAM:
+        if not sid:
+            return "Stream ID must be non-zero for RstStreamFrame"
+        if n != 4:
+            return f"RST_STREAM must have 4 byte body: actual length {n}."
+        return ""
+    if ftype == GOAWAY:
+        if sid:
+            return f"Stream ID must be zero for GoAwayFrame with stream_id={sid}"
+        if n < 8:
+            return "Invalid GOAWAY body."
+        return ""
+    if ftype == WINDOW_UPDATE:
+        if n > 4:
+            return f"WINDOW_UPDATE frame must have 4 byte length: got {n}"
+        if n < 4:
+            return "Invalid WINDOW_UPDATE body"
+        if not 1 <= _u32(body, 0) <= 0x7FFFFFFF:
+            return "WINDOW_UPDATE increment must be between 1 to 2^31-1"
+    return ""
+
+
+def fragment_bounds(ftype: int, flags: int, body: bytes | bytearray) -> tuple[int, int]:
+    """``(start, end)`` of the header block fragment in the body of a HEADERS or
+    PUSH_PROMISE frame that :func:`frame_error` accepts (hyperframe's ``frame.data`` is
+    ``body[start:end]``, empty when ``end <= start``)."""
+    pad = 0
+    start = 0
+    if flags & FLAG_PADDED:
+        pad = body[0]
+        start = 1
+    if ftype == PUSH_PROMISE:
+        start += 4
+    elif flags & FLAG_PRIORITY:
+        start += 5
+    end = len(body) - pad  # > 0: the padding is shorter than the body
+    return start, end if end > start else start
+
+
+def settings_of(body: bytes | bytearray) -> dict[int, int]:
+    """The parameters of a SETTINGS body :func:`frame_error` accepts, by identifier: the
+    last value of each, in the order of their first appearance (hyperframe's dict)."""
+    out: dict[int, int] = {}
+    for i in range(0, len(body), 6):
+        out[(body[i] << 8) | body[i + 1]] = _u32(body, i + 2)
+    return out
 
 
 def _int_end(block: bytes, pos: int, prefix: int) -> int:
@@ -376,9 +501,9 @@ class _Dir:
     """Parsing state of one direction."""
 
     __slots__ = (
-        "block", "block_end_stream", "block_kind", "block_lost", "block_sid", "block_ts",
-        "body", "decoder", "f_off", "f_pkt", "f_ts", "flags", "frames", "ftype", "hdr",
-        "hdr_off", "hdr_pkt", "hdr_ts", "header9", "hpack_allowed", "hpack_ok", "last_lost",
+        "acc", "block", "block_end_stream", "block_kind", "block_lost", "block_sid",
+        "block_ts", "body", "decoder", "f_off", "f_pkt", "f_ts", "flags", "frames", "ftype",
+        "hdr", "hdr_off", "hdr_pkt", "hdr_ts", "hpack_allowed", "hpack_ok", "last_lost",
         "length", "lost", "max_frame_size", "offset", "pad_len", "pad_pending",
         "preface_left", "remaining", "sid", "stopped",
     )
@@ -403,8 +528,11 @@ class _Dir:
         self.f_ts = 0
         self.f_pkt = 0
         self.f_off = 0
-        self.header9 = b""
-        self.body: bytearray | None = None
+        self.body: bytes | bytearray | None = None
+        """The current frame's whole body, when it is read (set when its last byte
+        arrives; None when lost or not needed)."""
+        self.acc: bytearray | None = None
+        """The body collected so far when it spans segments (None: not collected)."""
         self.pad_pending = False
         self.pad_len = 0
         self.lost = False
@@ -414,7 +542,7 @@ class _Dir:
         self.hpack_allowed = 0
         """Largest SETTINGS_HEADER_TABLE_SIZE of the receiver above MAX_HPACK_TABLE (0: none)."""
         self.hpack_ok = True
-        self.block: bytearray | None = None
+        self.block: bytes | bytearray | None = None
         self.block_sid: int | None = None
         self.block_kind = HEADERS
         self.block_end_stream = False
@@ -454,7 +582,8 @@ class Http2Analyzer:
     def __init__(self, *, protocol: str = "h2", upgrade_request: Request | None = None,
                  expect_preface: bool = True) -> None:
         self._protocol = protocol
-        self._dirs = (_Dir(), _Dir())
+        self._dirs: tuple[_Dir, ...] = (_Dir(), _Dir())
+        """Client, then server (a tuple of any length to mypyc: indexed by direction)."""
         if expect_preface:
             self._dirs[CLIENT].preface_left = len(PREFACE)
         self._requests: list[Request] = []
@@ -463,7 +592,7 @@ class Http2Analyzer:
         self._max_client_sid = 0
         self._max_open = 0
         self._concurrency_ok = True
-        self._settings: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._settings: tuple[dict[str, int], ...] = ({}, {})
         self._goaway: dict[str, Any] | None = None
         self._rst = 0
         self._pushes = 0
@@ -539,11 +668,17 @@ class Http2Analyzer:
             "frames": {"client": self._dirs[CLIENT].frames, "server": self._dirs[SERVER].frames},
         }
 
-    def feed(self, direction: int, ts_ns: int, data: bytes, packet: int) -> None:
-        """In-order bytes of ``direction`` from the segment captured at ``ts_ns``."""
+    def feed(self, direction: int, ts_ns: int, data: bytes | bytearray | memoryview,
+             packet: int) -> None:
+        """In-order bytes of ``direction`` from the segment captured at ``ts_ns``.
+
+        The flow and TLS layers give ``bytes``; another bytes-like object is copied
+        first."""
         d = self._dirs[direction]
         if d.stopped or not data:
             return
+        if not isinstance(data, bytes):
+            data = bytes(data)
         pos = 0
         if d.preface_left:
             done = len(PREFACE) - d.preface_left
@@ -585,6 +720,7 @@ class Http2Analyzer:
             d.pad_pending = False
             d.pad_len = -1  # the pad-length byte was lost: payload size unknown
         d.body = None
+        d.acc = None
         if not d.remaining:
             d.last_lost = True
             self._frame_done(d, direction, ts_ns)
@@ -613,6 +749,7 @@ class Http2Analyzer:
         self._warn(message)
         d.stopped = True
         d.body = None
+        d.acc = None
         d.block = None
         d.hdr = b""
         self._concurrency_ok = False
@@ -635,14 +772,16 @@ class Http2Analyzer:
                 if d.pad_pending:
                     d.pad_len = data[pos]
                     d.pad_pending = False
-                body = d.body
-                if body is not None:
-                    body += data[pos:pos + take]
+                acc = d.acc
+                if acc is not None:
+                    acc += data[pos:pos + take]
                 pos += take
                 rem -= take
                 d.remaining = rem
                 if rem:
                     return
+                d.body = acc
+                d.acc = None
                 self._frame_done(d, direction, ts)
                 if d.stopped:
                     return
@@ -655,25 +794,30 @@ class Http2Analyzer:
                     return
                 pos += need
                 d.hdr = b""
-                hi, lo, ftype, flags, sid = _HDR.unpack(head)
+                length = (head[0] << 16) | (head[1] << 8) | head[2]
+                ftype = head[3]
+                flags = head[4]
+                sid = (((head[5] & 0x7F) << 24) | (head[6] << 16) | (head[7] << 8)
+                       | head[8])
                 f_ts, f_pkt, f_off = d.hdr_ts, d.hdr_pkt, d.hdr_off
             elif n - pos >= 9:
-                hi, lo, ftype, flags, sid = _HDR.unpack_from(data, pos)
-                head = None
+                length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+                ftype = data[pos + 3]
+                flags = data[pos + 4]
+                sid = (((data[pos + 5] & 0x7F) << 24) | (data[pos + 6] << 16)
+                       | (data[pos + 7] << 8) | data[pos + 8])
                 f_ts, f_pkt, f_off = ts, pkt, base + pos
                 pos += 9
             else:
                 d.hdr = bytes(data[pos:])
                 d.hdr_ts, d.hdr_pkt, d.hdr_off = ts, pkt, base + pos
                 return
-            length = (hi << 8) | lo
             if length > d.max_frame_size:
                 self._stop(d, direction, f"http2: {_SIDES[direction]} frame of {length} bytes "
                            f"at byte {f_off} (packet {f_pkt}) exceeds the receiver's maximum "
                            f"frame size {d.max_frame_size}; not HTTP/2 or corrupt, the rest "
                            f"of that direction is not parsed")
                 return
-            sid &= 0x7FFFFFFF
             d.ftype = ftype
             d.flags = flags
             d.sid = sid
@@ -682,39 +826,53 @@ class Http2Analyzer:
             d.lost = False
             d.last_lost = False
             d.pad_len = 0
+            keep = False  # the body is read
             if ftype == DATA:
-                d.pad_pending = bool(flags & FLAG_PADDED) and length > 0
-                d.body = None
+                d.pad_pending = length > 0 and (flags & FLAG_PADDED) != 0
                 if direction == SERVER and length:
                     st = self._streams.get(sid)
-                    if st is not None and st.sse is not None and not st.sse_broken:
-                        d.body = bytearray()
+                    keep = st is not None and st.sse is not None and not st.sse_broken
             else:
                 d.pad_pending = False
-                d.header9 = head if head is not None else bytes(data[pos - 9:pos])
-                if ftype > CONTINUATION or ftype in (PING, PRIORITY) or (
-                        ftype in (HEADERS, CONTINUATION, PUSH_PROMISE) and (
-                            not d.hpack_ok or d.block_lost)):
-                    d.body = None
+                if ftype in (HEADERS, CONTINUATION, PUSH_PROMISE):
+                    keep = d.hpack_ok and not d.block_lost
                 else:
-                    d.body = bytearray()
-            if length:
-                d.remaining = length
-            else:
+                    keep = ftype <= CONTINUATION and ftype != PING and ftype != PRIORITY
+            if not length:
+                d.body = b"" if keep else None
                 self._frame_done(d, direction, ts)
                 if d.stopped:
                     return
+            elif n - pos >= length:  # the whole body is in this segment
+                if d.pad_pending:
+                    d.pad_len = data[pos]
+                    d.pad_pending = False
+                d.body = data[pos:pos + length] if keep else None
+                pos += length
+                self._frame_done(d, direction, ts)
+                if d.stopped:
+                    return
+            else:
+                d.body = None
+                d.acc = bytearray() if keep else None
+                d.remaining = length
 
-    def _hyperframe(self, d: _Dir, direction: int) -> Any:
-        """The current frame parsed by hyperframe, or None (warning) if it is invalid."""
-        try:
-            frame, _ = Frame.parse_frame_header(memoryview(d.header9))
-            frame.parse_body(memoryview(d.body if d.body is not None else b""))
-        except Exception as exc:  # hyperframe raises several types for bad input
-            self._warn(f"http2: invalid {_SIDES[direction]} frame of type {d.ftype} on stream "
-                       f"{d.sid} at byte {d.f_off} (packet {d.f_pkt}): {exc}")
+    def _invalid(self, d: _Dir, direction: int, why: str) -> None:
+        """The current frame is one hyperframe would refuse (``why``: its message)."""
+        self._warn(f"http2: invalid {_SIDES[direction]} frame of type {d.ftype} on stream "
+                   f"{d.sid} at byte {d.f_off} (packet {d.f_pkt}): {why}")
+
+    def _body_ok(self, d: _Dir, direction: int) -> bytes | bytearray | None:
+        """The current frame's body when :func:`frame_error` accepts it, else None (with
+        the warning)."""
+        body = d.body
+        if body is None:
+            body = b""
+        why = frame_error(d.ftype, d.flags, d.sid, body)
+        if why:
+            self._invalid(d, direction, why)
             return None
-        return frame
+        return body
 
     def _frame_done(self, d: _Dir, direction: int, last_ts: int) -> None:
         """The current frame of ``d`` is complete (its body possibly lost)."""
@@ -761,11 +919,12 @@ class Http2Analyzer:
         d.block_lost = d.lost
         d.block = None
         if d.hpack_ok and not d.lost:
-            frame = self._hyperframe(d, direction)
-            if frame is None:
+            body = self._body_ok(d, direction)
+            if body is None:
                 d.block_lost = True
             else:
-                d.block = bytearray(frame.data)
+                start, end = fragment_bounds(d.ftype, d.flags, body)
+                d.block = body if start == 0 and end == len(body) else body[start:end]
         if d.flags & FLAG_END_HEADERS:
             self._block_done(d, direction, last)
 
@@ -776,14 +935,19 @@ class Http2Analyzer:
             return
         if d.lost:
             d.block_lost = True
-        if not d.block_lost and d.hpack_ok and d.block is not None and d.body is not None:
-            if len(d.block) + len(d.body) > MAX_HEADER_BLOCK:
+        block = d.block
+        body = d.body
+        if not d.block_lost and d.hpack_ok and block is not None and body is not None:
+            if len(block) + len(body) > MAX_HEADER_BLOCK:
                 self._warn(f"http2: {_SIDES[direction]} header block of stream {d.sid} is "
                            f"longer than {MAX_HEADER_BLOCK} bytes; not decoded")
                 d.block_lost = True
                 d.block = None
             else:
-                d.block += d.body
+                if not isinstance(block, bytearray):  # the first fragment, a slice
+                    block = bytearray(block)
+                block += body
+                d.block = block
         if d.flags & FLAG_END_HEADERS:
             self._block_done(d, direction, last)
 
@@ -793,7 +957,8 @@ class Http2Analyzer:
         block = d.block
         d.block_sid = None
         d.block = None
-        headers: list[tuple[str, str]] | None = None
+        fields: list[Any] | None = None
+        """The decoded block (bytes), made text only where a request keeps it."""
         if d.hpack_ok:
             if d.block_lost or block is None:
                 d.hpack_ok = False
@@ -801,9 +966,10 @@ class Http2Analyzer:
                            f"was lost; later {_SIDES[direction]} headers are not decoded")
             else:
                 try:
-                    raw = (d.decoder.decode(bytes(block), raw=True) if len(block) <= HPACK_WHOLE
-                           else _decode_block(d.decoder, bytes(block)))
-                    headers = [_header_pair(k, v) for k, v in raw]
+                    if len(block) <= HPACK_WHOLE:
+                        fields = d.decoder.decode(bytes(block), raw=True)
+                    else:
+                        fields = list(_decode_block(d.decoder, bytes(block)))
                 except Exception as exc:  # hpack's exception classes, for bad blocks
                     d.hpack_ok = False
                     if d.hpack_allowed and isinstance(exc, InvalidTableSizeError):
@@ -822,9 +988,9 @@ class Http2Analyzer:
         if sid is None or d.block_kind == PUSH_PROMISE:
             return
         if direction == CLIENT:
-            self._client_headers(sid, headers, d.block_ts, d.block_end_stream, last)
+            self._client_headers(sid, fields, d.block_ts, d.block_end_stream, last)
         else:
-            self._server_headers(sid, headers, d.block_ts, d.block_end_stream, last)
+            self._server_headers(sid, fields, d.block_ts, d.block_end_stream, last)
 
     # -- streams -----------------------------------------------------------------------
 
@@ -900,7 +1066,7 @@ class Http2Analyzer:
             if self._streams.get(sid) is st:
                 del self._streams[sid]
 
-    def _client_headers(self, sid: int, headers: list[tuple[str, str]] | None, ts: int,
+    def _client_headers(self, sid: int, fields: list[Any] | None, ts: int,
                         end_stream: bool, last: int | None) -> None:
         st = self._streams.get(sid)
         if st is None:
@@ -909,7 +1075,8 @@ class Http2Analyzer:
             self._max_client_sid = sid
             req = Request(ts_ns=ts, stream_id=sid, estimated=False, protocol=self._protocol,
                           request_bytes=0)
-            if headers is not None:
+            if fields is not None:
+                headers = _header_pairs(fields)
                 req.request_headers = headers
                 host = None
                 for name, value in headers:
@@ -948,7 +1115,7 @@ class Http2Analyzer:
                 req.chunks = 0
         return req
 
-    def _server_headers(self, sid: int, headers: list[tuple[str, str]] | None, ts: int,
+    def _server_headers(self, sid: int, fields: list[Any] | None, ts: int,
                         end_stream: bool, last: int | None) -> None:
         st = self._streams.get(sid)
         if st is None:
@@ -960,6 +1127,7 @@ class Http2Analyzer:
         self._respond(st)
         if not st.final:
             status = None
+            headers = None if fields is None else _header_pairs(fields)
             if headers is not None:
                 for name, value in headers:
                     if name == ":status":
@@ -1084,9 +1252,9 @@ class Http2Analyzer:
         self._rst += 1
         code = "unknown"
         if not d.lost:
-            frame = self._hyperframe(d, direction)
-            if frame is not None:
-                code = error_name(frame.error_code)
+            body = self._body_ok(d, direction)
+            if body is not None:
+                code = error_name(_u32(body, 0))
         st = self._streams.get(d.sid)
         if st is None:
             return
@@ -1106,10 +1274,10 @@ class Http2Analyzer:
             self._goaway = {"from": _SIDES[direction], "error": "unknown",
                             "last_stream_id": None, "ts": ns_to_ts(d.f_ts)}
             return
-        frame = self._hyperframe(d, direction)
-        if frame is not None:
-            self._goaway = {"from": _SIDES[direction], "error": error_name(frame.error_code),
-                            "last_stream_id": frame.last_stream_id, "ts": ns_to_ts(d.f_ts)}
+        body = self._body_ok(d, direction)
+        if body is not None:
+            self._goaway = {"from": _SIDES[direction], "error": error_name(_u32(body, 4)),
+                            "last_stream_id": _u32(body, 0), "ts": ns_to_ts(d.f_ts)}
 
     # -- settings and flow control -----------------------------------------------------
 
@@ -1121,9 +1289,10 @@ class Http2Analyzer:
             if direction == CLIENT:
                 self._fc_stop()
             return
-        frame = self._hyperframe(d, direction)
-        if frame is not None:
-            self._apply_settings(direction, frame.settings, last if last is not None else d.f_ts)
+        body = self._body_ok(d, direction)
+        if body is not None:
+            self._apply_settings(direction, settings_of(body),
+                                 last if last is not None else d.f_ts)
 
     def _apply_settings(self, direction: int, settings: dict[int, int], ts: int) -> None:
         names = self._settings[direction]
@@ -1317,22 +1486,23 @@ class Http2Analyzer:
             self._warn("http2: a client WINDOW_UPDATE was lost; flow control no longer tracked")
             self._fc_stop()
             return
-        frame = self._hyperframe(d, direction)
-        if frame is None:
+        body = self._body_ok(d, direction)
+        if body is None:
             return
+        increment = _u32(body, 0)
         ts = last if last is not None else d.f_ts
         if d.sid == 0:
-            self._conn_window += frame.window_increment
+            self._conn_window += increment
             if self._conn_window > 0 and self._stalled:
                 self._check_stalls(ts)
         else:
             st = self._streams.get(d.sid)
             if st is not None:
-                st.window += frame.window_increment
+                st.window += increment
                 if st.stall_start is not None:
                     if min(st.window + self._shift, self._conn_window) > 0:
                         self._end_stall(st, ts)
-                    elif self._fc_indexed and frame.window_increment:
+                    elif self._fc_indexed and increment:
                         self._index(st)  # still stalled, at a larger window
 
     def _fc_stop(self) -> None:

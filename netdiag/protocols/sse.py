@@ -10,6 +10,7 @@ between those times are the token cadence of a streamed LLM answer.
 from __future__ import annotations
 
 import itertools
+from typing import ClassVar
 
 
 class SseCounter:
@@ -17,8 +18,9 @@ class SseCounter:
 
     __slots__ = ("_cr", "_tail", "event_times")
 
-    MAX_TAIL = 1 << 16
-    """Bytes of an unfinished event kept to look for its end; beyond that only the end."""
+    MAX_TAIL: ClassVar[int] = 1 << 16
+    """Bytes of an unfinished event kept to look for its end; beyond that only the end
+    (a class attribute, ``SseCounter.MAX_TAIL``, in the compiled module too)."""
 
     def __init__(self) -> None:
         self.event_times: list[int] = []
@@ -30,8 +32,8 @@ class SseCounter:
         """The bytes fed so far ended with ``\\r``: a ``\\n`` first in the next bytes
         completes that CRLF (one line end, already counted), not a blank line."""
 
-    def feed(self, ts_ns: int, data: bytes) -> None:
-        """More body bytes, captured at ``ts_ns``.
+    def feed(self, ts_ns: int, data: bytes | bytearray | memoryview) -> None:
+        """More body bytes (any bytes-like object), captured at ``ts_ns``.
 
         The result does not depend on where the body is cut into pieces (a CRLF split
         across two segments is one line end), and each piece is searched only from the

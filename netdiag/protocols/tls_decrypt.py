@@ -30,30 +30,30 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from netdiag.protocols.base import AnalyzerKind, StreamAnalyzer
-from netdiag.protocols.tls import (
+from netdiag.protocols.tls import Pieces, TlsAnalyzer
+from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS
+from netdiag.records import Request, TlsInfo
+from netdiag.tls.decrypt import (  # the record types, Final there (inlined, compiled)
     CT_ALERT,
     CT_APPLICATION_DATA,
     CT_CHANGE_CIPHER_SPEC,
     CT_HANDSHAKE,
-    Pieces,
-    TlsAnalyzer,
+    DecryptError,
+    TlsDecryptor,
 )
-from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS
-from netdiag.records import Request, TlsInfo
-from netdiag.tls.decrypt import DecryptError, TlsDecryptor
 from netdiag.tls.keylog import KeyLog
 from netdiag.tls.names import alert_text
 from netdiag.tls.suites import SUITES
 
-HS_NEW_SESSION_TICKET = 4
-HS_ENCRYPTED_EXTENSIONS = 8
-HS_CERTIFICATE = 11
-HS_FINISHED = 20
-HS_KEY_UPDATE = 24
-COMPRESSION_DEFLATE = 1
+HS_NEW_SESSION_TICKET: Final = 4
+HS_ENCRYPTED_EXTENSIONS: Final = 8
+HS_CERTIFICATE: Final = 11
+HS_FINISHED: Final = 20
+HS_KEY_UPDATE: Final = 24
+COMPRESSION_DEFLATE: Final = 1
 """TLS compression method DEFLATE (RFC 3749): one zlib stream per direction."""
 MAX_INFLATED = 1 << 14
 """Plaintext one compressed record may hold (RFC 5246 6.2.2: 2^14 bytes)."""
@@ -64,8 +64,11 @@ AppFactory = Callable[[str | None, bytes], StreamAnalyzer | None]
 """Picks the analyzer of the decrypted bytes (HTTP/2, HTTP/1.x, RESP) from the selected
 ALPN and the client's first plaintext; None when none fits."""
 
-_OFF, _WAITING, _ON, _FAILED = 0, 1, 2, 3
-_SIDES = ("client", "server")
+_OFF: Final = 0
+_WAITING: Final = 1
+_ON: Final = 2
+_FAILED: Final = 3
+_SIDES: tuple[str, ...] = ("client", "server")
 
 
 def _plaintext_offset(suite: int, tls13: bool, version: int) -> int:
@@ -101,9 +104,9 @@ class DecryptingTlsAnalyzer:
         self._state = _WAITING
         self._dec: TlsDecryptor | None = None
         self._offset = 0
-        self._inflate: tuple[Any, Any] | None = None
+        self._inflate: tuple[Any, ...] | None = None
         """Per direction, the zlib stream of a DEFLATE-compressed connection (RFC 3749)."""
-        self._hs_buf: tuple[bytearray, bytearray] = (bytearray(), bytearray())
+        self._hs_buf: tuple[bytearray, ...] = (bytearray(), bytearray())
         self._failed_ns: int | None = None
         self._app_decided = False
         self._pending_app: list[tuple[int, int, bytes, int]] = []
@@ -234,9 +237,9 @@ class DecryptingTlsAnalyzer:
             z = inflate[direction]
             try:
                 plain = z.decompress(plain, MAX_INFLATED + 1)
-            except zlib.error as e:
+            except zlib.error as bad:  # not ``e``: mypyc types it by its first clause's class
                 self._fail(first_ts_ns, f"DEFLATE-compressed {_SIDES[direction]} record at "
-                                        f"packet {first_packet} does not inflate ({e})")
+                                        f"packet {first_packet} does not inflate ({bad})")
                 return
             if len(plain) > MAX_INFLATED or z.unconsumed_tail:
                 self._fail(first_ts_ns, f"DEFLATE-compressed {_SIDES[direction]} record at "

@@ -69,18 +69,20 @@ endpoint an attacker can query.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import struct
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
-from cryptography.hazmat.primitives.ciphers import (
-    BlockCipherAlgorithm,
-    Cipher,
-    CipherContext,
-    algorithms,
-    modes,
-)
+from cryptography.hazmat.primitives.ciphers import BlockCipherAlgorithm, Cipher, CipherContext
 from cryptography.hazmat.primitives.ciphers.aead import AESCCM, AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.algorithms import AES
+from cryptography.hazmat.primitives.ciphers.modes import CBC
+
+# (the classes, not the ``algorithms`` and ``modes`` submodules: compiled by mypyc, a
+# submodule imported by name, ``from ...ciphers import algorithms``, is None at run time.)
 
 try:
     from cryptography.hazmat.decrepit.ciphers.algorithms import ARC4, SEED, Camellia, TripleDES
@@ -103,17 +105,25 @@ from netdiag.tls.keylog import (
 from netdiag.tls.names import cipher_name, version_name
 from netdiag.tls.suites import SUITES, CipherSpec, unsupported_reason
 
-TLS10, TLS11, TLS12, TLS13 = 0x0301, 0x0302, 0x0303, 0x0304
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
-CT_CHANGE_CIPHER_SPEC = 20
-CT_ALERT = 21
-CT_HANDSHAKE = 22
-CT_APPLICATION_DATA = 23
+TLS10: Final = 0x0301
+TLS11: Final = 0x0302
+TLS12: Final = 0x0303
+TLS13: Final = 0x0304
 
-HS_END_OF_EARLY_DATA = 5
+CT_CHANGE_CIPHER_SPEC: Final = 20
+CT_ALERT: Final = 21
+CT_HANDSHAKE: Final = 22
+CT_APPLICATION_DATA: Final = 23
 
-_EARLY, _HANDSHAKE, _APPLICATION = 0, 1, 2
-_LABELS13 = (
+HS_END_OF_EARLY_DATA: Final = 5
+
+_EARLY: Final = 0
+_HANDSHAKE: Final = 1
+_APPLICATION: Final = 2
+_LABELS13: tuple[tuple[str, ...], ...] = (
     (CLIENT_EARLY_TRAFFIC_SECRET, ""),
     (CLIENT_HANDSHAKE_TRAFFIC_SECRET, SERVER_HANDSHAKE_TRAFFIC_SECRET),
     (CLIENT_TRAFFIC_SECRET_0, SERVER_TRAFFIC_SECRET_0),
@@ -122,10 +132,20 @@ _LABELS13 = (
 _SIDES = ("client", "server")
 _HASH_LEN = {"sha256": 32, "sha384": 48}
 _BLOCK_CIPHERS: dict[str, Callable[[bytes], BlockCipherAlgorithm]] = {
-    "aes": algorithms.AES, "camellia": Camellia, "seed": SEED, "3des": TripleDES}
+    "aes": AES, "camellia": Camellia, "seed": SEED, "3des": TripleDES}
 """The block cipher of each CBC suite's ``CipherSpec.cipher``."""
-_MAX_FRAGMENT = 0xFFFF
+_MAX_FRAGMENT: Final = 0xFFFF
 """Longest record body the 2-byte record length allows."""
+_HEADER13 = struct.Struct("!BHH")
+"""TLS 1.3 additional data: the record header (type, version, length)."""
+_AAD12 = struct.Struct("!QBHH")
+"""TLS <= 1.2 additional data and MAC prefix: sequence number, type, version, length."""
+# How a TLS <= 1.2 suite protects its records (TlsDecryptor._kind12).
+_EXPLICIT_NONCE: Final = 0
+_CHACHA: Final = 1
+_CBC_MTE: Final = 2
+_CBC_ETM: Final = 3
+_STREAM: Final = 4
 
 Aead = AESGCM | AESCCM | ChaCha20Poly1305
 Fragment = bytes | bytearray | memoryview
@@ -141,13 +161,37 @@ class DecryptError(Exception):
 
 
 # -- key derivation ---------------------------------------------------------------------
+_HASHES: dict[str, tuple[Callable[[bytes], HASH], int]] = {
+    "md5": (hashlib.md5, 64), "sha1": (hashlib.sha1, 64), "sha256": (hashlib.sha256, 64),
+    "sha384": (hashlib.sha384, 128)}
+"""The hashes of the key schedules and PRFs: constructor and block size."""
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
+def _hmac(key: bytes, msg: bytes, hash_name: str) -> bytes:
+    """``hmac.digest(key, msg, hash_name)`` (RFC 2104), as two hash calls: about half the
+    cost of ``hmac.digest`` on the short messages of key derivation, which runs it
+    8 times or more per TLS 1.3 connection."""
+    known = _HASHES.get(hash_name)
+    if known is None:
+        return hmac.digest(key, msg, hash_name)
+    new, size = known
+    if len(key) > size:
+        key = new(key).digest()
+    key = key.ljust(size, b"\0")
+    return new(key.translate(_OPAD) + new(key.translate(_IPAD) + msg).digest()).digest()
+
+
 def hkdf_expand(prk: bytes, info: bytes, length: int, hash_name: str) -> bytes:
     """HKDF-Expand (RFC 5869) with HMAC-``hash_name``."""
-    out = bytearray()
-    block = b""
-    counter = 1
+    block = _hmac(prk, info + b"\x01", hash_name)
+    if length <= len(block):  # every TLS 1.3 key, IV and secret
+        return block[:length]
+    out = bytearray(block)
+    counter = 2
     while len(out) < length:
-        block = hmac.digest(prk, block + info + bytes((counter,)), hash_name)
+        block = _hmac(prk, block + info + bytes((counter,)), hash_name)
         out += block
         counter += 1
     return bytes(out[:length])
@@ -166,8 +210,8 @@ def _p_hash(secret: bytes, seed: bytes, length: int, hash_name: str) -> bytes:
     out = bytearray()
     a = seed
     while len(out) < length:
-        a = hmac.digest(secret, a, hash_name)
-        out += hmac.digest(secret, a + seed, hash_name)
+        a = _hmac(secret, a, hash_name)
+        out += _hmac(secret, a + seed, hash_name)
     return bytes(out[:length])
 
 
@@ -234,9 +278,6 @@ class _Direction:
         return f"<_Direction {self.name} seq={self.seq} records={self.records}>"
 
 
-_RecordFn = Callable[[_Direction, int, int, Fragment], bytes]
-
-
 class TlsDecryptor:
     """Follows one connection's key schedule; fed records in order per direction."""
 
@@ -260,10 +301,10 @@ class TlsDecryptor:
         """The negotiated suite's :class:`~netdiag.tls.suites.CipherSpec`."""
         self.version = version
         self.encrypt_then_mac = bool(encrypt_then_mac) and spec.kind == "cbc"
-        self._dirs = (_Direction("client"), _Direction("server"))
+        self._dirs: tuple[_Direction, ...] = (_Direction("client"), _Direction("server"))
         self._tls13 = version == TLS13
-        self._decrypt12: _RecordFn = self._decrypt_explicit_nonce
-        """TLS <= 1.2: the record decryption of the suite's kind."""
+        self._kind12 = _EXPLICIT_NONCE
+        """TLS <= 1.2: the record protection of the suite (``_EXPLICIT_NONCE``...)."""
         if self._tls13:
             self._init_tls13(spec, secrets)
         elif version in (TLS10, TLS11, TLS12):
@@ -384,13 +425,13 @@ class TlsDecryptor:
             raise DecryptError(f"{spec.name}: the cryptography package cannot run "
                                f"{spec.cipher} here ({e})") from None
         if spec.kind == "cbc":
-            self._decrypt12 = self._decrypt_etm if self.encrypt_then_mac else self._decrypt_mte
+            self._kind12 = _CBC_ETM if self.encrypt_then_mac else _CBC_MTE
         elif spec.kind in ("stream", "null"):
-            self._decrypt12 = self._decrypt_stream
+            self._kind12 = _STREAM
         elif spec.aead == "chacha20":
-            self._decrypt12 = self._decrypt_chacha
+            self._kind12 = _CHACHA
         else:
-            self._decrypt12 = self._decrypt_explicit_nonce
+            self._kind12 = _EXPLICIT_NONCE
 
     def _install12(self, spec: CipherSpec, d: _Direction, mac_key: bytes, key: bytes,
                    iv: bytes) -> None:
@@ -404,7 +445,7 @@ class TlsDecryptor:
         d.mac_key = mac_key
         if spec.kind == "cbc":
             d.block = _BLOCK_CIPHERS[spec.cipher](key)
-            Cipher(d.block, modes.CBC(bytes(spec.block_len))).decryptor()
+            Cipher(d.block, CBC(bytes(spec.block_len))).decryptor()
             d.explicit_iv = self.version >= TLS11
             d.iv = int.from_bytes(iv, "big")  # TLS 1.0 only
             d.salt = iv
@@ -481,7 +522,17 @@ class TlsDecryptor:
         if d.renegotiated:
             raise DecryptError(f"the {d.name} renegotiated (second ChangeCipherSpec); "
                                f"the new keys are not in the key log")
-        plain = self._decrypt12(d, content_type, version, fragment)
+        kind = self._kind12
+        if kind == _EXPLICIT_NONCE:
+            plain = self._decrypt_explicit_nonce(d, content_type, version, fragment)
+        elif kind == _CHACHA:
+            plain = self._decrypt_chacha(d, content_type, version, fragment)
+        elif kind == _CBC_MTE:
+            plain = self._decrypt_mte(d, content_type, version, fragment)
+        elif kind == _CBC_ETM:
+            plain = self._decrypt_etm(d, content_type, version, fragment)
+        else:
+            plain = self._decrypt_stream(d, content_type, version, fragment)
         d.seq += 1
         return content_type, plain
 
@@ -494,7 +545,7 @@ class TlsDecryptor:
         n = len(fragment)
         if n > 0xFFFF:
             raise self._fail(d)
-        header = bytes((CT_APPLICATION_DATA, version >> 8, version & 0xFF, n >> 8, n & 0xFF))
+        header = _HEADER13.pack(CT_APPLICATION_DATA, version, n)
         aead = d.aead
         plain: bytes | None = None
         if aead is not None:
@@ -521,11 +572,15 @@ class TlsDecryptor:
             assert secret is not None
             d.aead, d.iv, d.phase, d.secret, d.seq, d.missing = aead, iv, phase, secret, 0, ""
         d.seq += 1
-        content = plain.rstrip(b"\x00")
-        if not content:
-            raise DecryptError(f"record {d.records} from {d.name} has no content type")
-        ctype = content[-1]
-        content = content[:-1]
+        if plain and plain[-1]:  # no padding: the content type is the last byte
+            ctype = plain[-1]
+            content = plain[:-1]
+        else:
+            content = plain.rstrip(b"\x00")
+            if not content:
+                raise DecryptError(f"record {d.records} from {d.name} has no content type")
+            ctype = content[-1]
+            content = content[:-1]
         if (d.phase == _EARLY and ctype == CT_HANDSHAKE and content
                 and content[0] == HS_END_OF_EARLY_DATA):
             self._install13(d, direction, _HANDSHAKE)
@@ -539,8 +594,7 @@ class TlsDecryptor:
         if n < 0 or n > 0xFFFF:
             raise self._fail(d)
         mv = memoryview(fragment)
-        aad = d.seq.to_bytes(8, "big") + bytes((ctype, version >> 8, version & 0xFF,
-                                                n >> 8, n & 0xFF))
+        aad = _AAD12.pack(d.seq, ctype, version, n)
         aead = d.aead
         assert aead is not None
         try:
@@ -555,8 +609,7 @@ class TlsDecryptor:
         if n < 0 or n > 0xFFFF:
             raise self._fail(d)
         seq = d.seq
-        aad = seq.to_bytes(8, "big") + bytes((ctype, version >> 8, version & 0xFF,
-                                              n >> 8, n & 0xFF))
+        aad = _AAD12.pack(seq, ctype, version, n)
         aead = d.aead
         assert aead is not None
         try:
@@ -567,14 +620,12 @@ class TlsDecryptor:
     def _cbc_decrypt(self, d: _Direction, iv: bytes, ciphertext: memoryview) -> bytes:
         block = d.block
         assert block is not None
-        dec = Cipher(block, modes.CBC(iv)).decryptor()
+        dec = Cipher(block, CBC(iv)).decryptor()
         return dec.update(ciphertext) + dec.finalize()
 
     def _mac(self, d: _Direction, ctype: int, version: int, data: memoryview | bytes) -> bytes:
         n = len(data)
-        h = hmac.new(d.mac_key, d.seq.to_bytes(8, "big")
-                     + bytes((ctype, version >> 8, version & 0xFF, n >> 8, n & 0xFF)),
-                     self.spec.mac or "sha1")
+        h = hmac.new(d.mac_key, _AAD12.pack(d.seq, ctype, version, n), self.spec.mac or "sha1")
         h.update(data)
         return h.digest()
 

@@ -24,6 +24,7 @@ import ctypes.util
 import datetime
 import json
 import os
+import random
 import ssl
 import subprocess
 import sys
@@ -43,9 +44,11 @@ from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import netdiag.tls.decrypt as decrypt_mod
 from netdiag.tls.decrypt import (
     DecryptError,
     TlsDecryptor,
+    hkdf_expand,
     hkdf_expand_label,
     prf_tls10,
     prf_tls12,
@@ -758,6 +761,32 @@ def test_tls12_prf_vector() -> None:
 def test_tls10_prf_vector() -> None:
     assert prf_tls10(b"secret", b"label", b"seed", 20).hex() == \
         "b5baf4722b91851a8816d22ebd8c1d8cc2e94d55"
+
+
+def test_hmac_and_hkdf_expand_are_the_standard_library_s() -> None:
+    """The key schedule's own HMAC (two hash calls) is ``hmac.digest`` for every hash and
+    key length (keys longer than the block are hashed first), and HKDF-Expand is RFC
+    5869's for every output length (RFC 5869 test case 1 included)."""
+    import hmac as std_hmac
+
+    r = random.Random(5)
+    for name in ("md5", "sha1", "sha256", "sha384", "sha512"):
+        for n in (0, 1, 32, 48, 63, 64, 65, 127, 128, 129, 200):
+            key, msg = r.randbytes(n), r.randbytes(r.choice((0, 5, 64, 300)))
+            assert decrypt_mod._hmac(key, msg, name) == std_hmac.digest(key, msg, name)
+    for length in (0, 1, 12, 32, 33, 48, 100, 255):
+        prk, info = r.randbytes(32), r.randbytes(10)
+        want, block, counter = b"", b"", 1
+        while len(want) < length:
+            block = std_hmac.digest(prk, block + info + bytes((counter,)), "sha256")
+            want += block
+            counter += 1
+        assert hkdf_expand(prk, info, length, "sha256") == want[:length]
+    okm = hkdf_expand(bytes.fromhex("077709362c2e32df0ddc3f0dc47bba6390b6c73bb50f9c3122ec844a"
+                                    "d7c2b3e5"), bytes.fromhex("f0f1f2f3f4f5f6f7f8f9"), 42,
+                      "sha256")
+    assert okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
+                         "34007208d5b887185865")
 
 
 # -- built records: 0-RTT, padding, errors ----------------------------------------------
