@@ -139,6 +139,9 @@ shift reaches children whose own candidates were all weighed."""
 MAX_CANDIDATES_DEEP = 16 * MAX_CANDIDATES
 """The largest cap a child's candidates are raised to where the cap may have decided
 its link; a child still so at it is linked ``ambiguous``."""
+_SCAN_DIRECT = 64
+"""Parents in a child's range of starts at most which :meth:`_Linker._every` tests one
+by one rather than by the block walk."""
 MAX_SCAN = 1024
 """Requests of a parent group stepped over (not containing the child) per child and
 parent group before a walk stops: one request whose window spans the capture (an answer
@@ -536,6 +539,16 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
     if st.anchor_is_end and deo is not None:
         return e.base + deo + 0.01 * dso
     return e.base + dso + (0.01 * deo if deo is not None else 0.0)
+
+
+def _half(edges: Sequence[_Edge], st: _PairStats | None) -> float:
+    """The cost from which on the dearer half of ``edges`` lies (under ``st``)."""
+    if not edges:
+        return _INF
+    if len(edges) == 1:
+        return _timing_cost(edges[0], st)
+    costs = sorted([_timing_cost(e, st) for e in edges])
+    return costs[len(costs) // 2]
 
 
 def _anchor_ns(n: Node, end: bool, child: bool = False) -> int:
@@ -980,7 +993,8 @@ class _Linker:
         self.left_out: dict[tuple[int, tuple[Any, ...]], tuple[float, int, bool, float]] = {}
         """Per child and parent group, of the last round: (lower bound of the cost of
         the candidates it left out, candidates costed, all of them, where the dearer
-        half of those kept begins)."""
+        half of those kept begins: read only where not all, and for a child whose
+        candidates were all kept, left from the round that first found them)."""
         self.cap: dict[tuple[int, tuple[Any, ...]], int] = {}
         """Per child and parent group, its cap where doubled (:meth:`assign`)."""
         self.capped: set[tuple[int, tuple[Any, ...]]] = set()
@@ -993,6 +1007,10 @@ class _Linker:
         self._rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
         self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
         self._edges: dict[tuple[int, int], _Edge | None] = {}
+        self._every_cache: dict[tuple[int, int], int] = {}
+        """Per child and subset of parents, a cap its containing parents exceed."""
+        self._kept: dict[tuple[int, tuple[Any, ...]],
+                         tuple[str, list[_Edge], list[_Edge] | None]] = {}
         for n in nodes:
             self.group[id(n)] = self._group_of(n)
             self.kind[id(n)] = self._kind_of(n)
@@ -1179,30 +1197,33 @@ class _Linker:
             least = e_ns if least is None or e_ns < least else least
             future[i] = least
         used: set[int] = set()
-        links: dict[bool, list[int]] = {}
+        links: dict[bool, tuple[_Parents, list[int]]] = {}
         taken: dict[int, _Edge] = {}
+        rid = self.rid
         for i, u in enumerate(kids):
             e = None
-            same = self._same_rid(u).get(pg, ()) if self.rid[id(u)] is not None else ()
-            if end:
-                same = sorted((p for p in same if p.req.first_byte_ns is not None),
-                              key=lambda p: _order(p, True))
-            for p in same:
-                if id(p) in used:
-                    continue
-                cand = self._edge_of(p, u, pg, cg, declared)
-                if cand is None or cand.base >= _LATE_PENALTY_MS or (
-                        end and (cand.eo is None or cand.eo < 0)):
-                    continue
-                e = cand
-                break
+            with_id = rid[id(u)] is not None
+            if with_id:
+                same = self._same_rid(u).get(pg, ())
+                if end:
+                    same = sorted((p for p in same if p.req.first_byte_ns is not None),
+                                  key=lambda p: _order(p, True))
+                for p in same:
+                    if id(p) in used:
+                        continue
+                    cand = self._edge_of(p, u, pg, cg, declared)
+                    if cand is None or cand.base >= _LATE_PENALTY_MS or (
+                            end and (cand.eo is None or cand.eo < 0)):
+                        continue
+                    e = cand
+                    break
             if e is None and not hopeless:
-                without_id = self.rid[id(u)] is not None
-                sub = self._subset(pg, False, without_id)
-                nxt = links.get(without_id)
-                if nxt is None:
-                    nxt = links[without_id] = list(range(
-                        (len(sub.fb_pos) if end else len(sub.lst)) + 1))
+                got = links.get(with_id)
+                if got is None:
+                    sub = self._subset(pg, False, with_id)
+                    got = links[with_id] = (sub, list(range(
+                        (len(sub.fb_pos) if end else len(sub.lst)) + 1)))
+                sub, nxt = got
                 e = (self._fifo_by_end(u, sub, nxt, used, pair, declared) if end else
                      self._fifo_by_start(u, sub, nxt, used, future[i], pair, declared))
             if e is not None:
@@ -1310,9 +1331,16 @@ class _Linker:
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
         lists: dict[tuple[int, tuple[Any, ...]], list[_Edge]] = {}
+        pairs_of, group, rid, links = self.pairs_of, self.group, self.rid, self._links
         for u in self.nodes:
-            for pg, declared, hopeless in self.pairs_of.get(self.group[id(u)], ()):
-                kept = self._links(u, pg, declared, hopeless, stats, mode)
+            pairs = pairs_of.get(group[id(u)])
+            if not pairs:
+                continue
+            no_id = rid[id(u)] is None
+            for pg, declared, hopeless in pairs:
+                if hopeless and no_id:  # no link to weigh (:meth:`_links`)
+                    continue
+                kept = links(u, pg, declared, hopeless, stats, mode)
                 if kept is not None:
                     lists[(id(u), pg)] = kept
         edges = [e for lst in lists.values() for e in lst]
@@ -1361,22 +1389,87 @@ class _Linker:
         if hopeless and urid is None:
             return None
         cg = self.group[id(u)]
-        kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
-                if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
         how = "rid" if hopeless else mode((pg, cg))
         key = (id(u), pg)
+        hit = self._kept.get(key)
+        if hit is not None and hit[0] == how:  # the same links as an earlier round
+            _how, was_kept, all_kept = hit
+            if all_kept is None:
+                self.left_out.pop(key, None)
+            else:  # all kept: its ``half`` is never read (:attr:`left_out`)
+                cur = self.left_out.get(key)
+                n = len(all_kept)
+                if cur is None or not cur[2] or cur[1] != n or cur[0] != _INF:
+                    self.left_out[key] = (_INF, n, True, _half(all_kept, stats.get((pg, cg))))
+            return was_kept
+        kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
+                if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
+        every: list[_Edge] | None = None
         if how != "rid":
             sub = self._subset(pg, how == "trusted", urid is not None)
-            cheapest, bound, found, complete, half = self._cheapest(
-                u, sub, pg, cg, declared, stats.get((pg, cg)), self.cap.get(key, MAX_CANDIDATES))
-            kept += cheapest
-            self.left_out[key] = (bound, found, complete, half)
+            cap = self.cap.get(key, MAX_CANDIDATES)
+            st = stats.get((pg, cg))
+            every = self._every(u, sub, pg, cg, declared, cap)
+            if every is not None:  # all its candidates fit the cap: no walk needed
+                kept += every
+                self.left_out[key] = (_INF, len(every), True, _half(every, st))
+            else:
+                cheapest, bound, found, complete, half = self._cheapest(
+                    u, sub, pg, cg, declared, st, cap)
+                kept += cheapest
+                self.left_out[key] = (bound, found, complete, half)
         else:
             self.left_out.pop(key, None)
         if len(kept) > 1:
             kept.sort(key=lambda e: (e.parent.req.ts_ns, e.parent.conn.id, e.parent.index),
                       reverse=True)
+        if how == "rid" or every is not None:  # whatever the statistics: kept for later
+            self._kept[key] = (how, kept, every)
         return kept
+
+    def _every(self, u: Node, sub: _Parents, pg: tuple[Any, ...], cg: tuple[Any, ...],
+               declared: bool, cap: int) -> list[_Edge] | None:
+        """Every candidate link of the child in ``sub`` where the parents that contain it
+        are at most ``cap`` (what :meth:`_cheapest` would return then, whatever the
+        statistics: its walks meet them all, and none is left out), else None (the cap a
+        count exceeded is kept: a later round does not count again below it)."""
+        ckey = (id(u), id(sub))
+        tried = self._every_cache.get(ckey)
+        if tried is not None and tried >= cap:
+            return None
+        u_ts, u_end = u.req.ts_ns, u.end_ns
+        starts, ends = sub.starts, sub.ends
+        a = bisect_left(starts, u_end - sub.longest)
+        b = bisect_right(starts, u_ts)
+        ks: list[int] = []
+        if b - a <= _SCAN_DIRECT:
+            for k in range(b - 1, a - 1, -1):
+                if ends[k] >= u_end:
+                    if len(ks) >= cap:
+                        self._every_cache[ckey] = cap
+                        return None
+                    ks.append(k)
+        else:
+            order = sub.by_start
+            i = order.before(b - 1, a, u_end, u_ts)
+            while i >= a:
+                if len(ks) >= cap:
+                    self._every_cache[ckey] = cap
+                    return None
+                ks.append(i)
+                i = order.before(i - 1, a, u_end, u_ts)
+        server = u.conn.server
+        lst = sub.lst
+        out: list[_Edge] = []
+        for k in ks:
+            p = lst[k]
+            if p.conn.server == server:
+                self.stepped += 1
+                continue
+            e = self._edge_of(p, u, pg, cg, declared)
+            if e is not None:
+                out.append(e)
+        return out
 
     def _cheapest(self, u: Node, sub: _Parents, pg: tuple[Any, ...], cg: tuple[Any, ...],
                   declared: bool, st: _PairStats | None, cap: int
