@@ -67,7 +67,7 @@ class TcpFlow:
         """Caps shared by every connection of the analysis (held bytes) and their hits."""
         self.decided = False
         self.analyzer: StreamAnalyzer | None = None
-        self.dirs = (_Direction(), _Direction())
+        self.dirs: tuple[_Direction, ...] = (_Direction(), _Direction())
         self.synack_seen = False
         self.server_isn: int | None = None
         self.client_isn: int | None = None

@@ -237,7 +237,7 @@ class TlsAnalyzer:
         """Plain sentences about bytes that could not be parsed."""
         self.small = small
         self.tail_gap_ns = tail_gap_ns
-        self._sides = (_Side(), _Side())
+        self._sides: tuple[_Side, ...] = (_Side(), _Side())
         self._hook = type(self).on_record is not TlsAnalyzer.on_record
         """A subclass overrides :meth:`on_record` (the earlier, subclassing hook)."""
         self._closed = False
