@@ -25,3 +25,17 @@ class CaptureFormatError(InputError):
 
 class ParseError(NetdiagError):
     """A protocol message could not be parsed; analyzers turn it into a warning."""
+
+
+class UrlError(InputError):
+    """A URL netdiag cannot read at all: an unknown scheme, a missing fsspec backend."""
+
+
+class NoCaptureError(InputError):
+    """An input names no capture: an empty folder, a pattern that matches nothing."""
+
+
+class SchedulerError(NetdiagError):
+    """The Dask scheduler cannot be reached, or the ``scale`` extra is not installed."""
+
+    exit_code = 1

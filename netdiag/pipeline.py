@@ -17,6 +17,7 @@ from netdiag.analysis.findings import Thresholds, build_findings
 from netdiag.analysis.summary import SummaryBuilder
 from netdiag.capture.linktypes import linktype_name
 from netdiag.capture.reader import SECRETS_TLS_KEY_LOG, CaptureReader
+from netdiag.capture.sources import open_capture
 from netdiag.errors import InputError
 from netdiag.flows.table import FlowTable
 from netdiag.flows.tcp import TcpFlow
@@ -231,6 +232,20 @@ def _merged(readers: list[CaptureReader]) -> Iterator[tuple[int, int, bytes, int
     return heapq.merge(*(r.packets() for r in readers), key=itemgetter(0))
 
 
+def _open_all(paths: list[str]) -> list[CaptureReader]:
+    """A reader of every path (a local file or a URL: ``netdiag.capture.sources``); the
+    ones opened are closed again when one cannot be."""
+    readers: list[CaptureReader] = []
+    try:
+        for p in paths:
+            readers.append(open_capture(os.fspath(p)))
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+    return readers
+
+
 def analyze(paths: list[str], sink: Sink, options: Options | None = None) -> Result:
     """Read every capture in ``paths`` (merged by time) and feed ``sink`` as records finish.
 
@@ -251,7 +266,7 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
              ) -> tuple[Result, _Run]:
     """One process's analysis (of one shard when ``options.shard`` is set)."""
     facts = CaptureFacts(files=[os.fspath(p) for p in paths])
-    readers = [CaptureReader(p) for p in paths]
+    readers = _open_all(paths)
     run = run_type(sink, options, facts, readers)
     try:
         total = sum((r.progress()[1] or 0) for r in readers)
@@ -325,7 +340,7 @@ def export_pcapng(paths: list[str], out_path: str, result: Result) -> tuple[int,
                 lines.extend(f"{label} {random.hex()} {secret.hex()}"
                              for label, secret in sorted(secrets.items()))
     key_text = ("\n".join(lines) + "\n").encode() if lines else None
-    readers = [CaptureReader(p) for p in paths]
+    readers = _open_all(paths)
     try:
         with open(out_path, "wb") as out:
             n = write_pcapng(out, _merged(readers), key_text)

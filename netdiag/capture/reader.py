@@ -27,7 +27,7 @@ import struct
 import zlib
 from collections.abc import Generator, Iterator
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from netdiag.capture.linktypes import normalize
 from netdiag.errors import CaptureFormatError, InputError
@@ -40,6 +40,10 @@ CHUNK_SIZE = 1 << 20
 """Bytes read from the (decompressed) stream at a time."""
 HARD_CAP = 256 << 20
 """No record or block may claim more than this many bytes."""
+TAIL_SPAN_NS = 7 * 86_400 * 1_000_000_000
+""":meth:`CaptureReader.tail_time_ns`: how long after ``near_ns`` a last packet may be."""
+TAIL_SLACK_NS = 3_600 * 1_000_000_000
+"""... and how long before it (packets slightly out of time order)."""
 PCAP_MAX_DEFAULT = 262144
 """libpcap's usual maximum packet size; pcap records may claim 4x max(snaplen, this)."""
 
@@ -74,6 +78,8 @@ BT_DSB = 0x0000000A
 SECRETS_TLS_KEY_LOG = 0x544C534B
 """DSB secrets type of an NSS key log (SSLKEYLOGFILE) text."""
 
+_SHB_TEXT = {2: "shb_hardware", 3: "shb_os", 4: "shb_userappl"}
+_IDB_TEXT = {2: "if_name", 3: "if_description"}
 _ISB_OPTIONS = {4: "isb_ifrecv", 5: "isb_ifdrop", 6: "isb_filteraccept",
                 7: "isb_osdrop", 8: "isb_usrdeliv"}
 
@@ -103,7 +109,7 @@ class _Gunzip:
     IN_CHUNK = 1 << 16
     SALVAGE_STEP = 64
 
-    def __init__(self, raw: io.BufferedReader) -> None:
+    def __init__(self, raw: io.BufferedReader | _FileObject) -> None:
         self.raw = raw
         self.error: str | None = None
         self.consumed = 0
@@ -182,21 +188,95 @@ class _Gunzip:
         return b"".join(out)
 
 
-class _Source:
-    """The byte stream of one file, decompressed if gzip; read errors end it quietly."""
+class _FileObject:
+    """An opened binary file (an fsspec file, ``io.BytesIO``...) as :class:`_Source` reads
+    it: ``peek``, ``read`` and ``close``, every read error an ``OSError`` (a remote file
+    system raises its own exception types), and the file closed with the reader."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self._head = b""
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.f.closed)
+
+    def _read(self, n: int) -> bytes:
         try:
-            raw = open(path, "rb")  # noqa: SIM115 - closed in close()
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+            data = self.f.read(n)
+        except OSError:
+            raise
+        except Exception as exc:  # a file system's own error: damage, as OSError is
+            raise OSError(f"{type(exc).__name__}: {exc}") from exc
+        return bytes(data) if data else b""
+
+    def peek(self, n: int) -> bytes:
+        """At least the next ``n`` bytes when there are, without consuming them."""
+        while len(self._head) < n:
+            more = self._read(n - len(self._head))
+            if not more:
+                break
+            self._head += more
+        return self._head
+
+    def read(self, n: int) -> bytes:
+        head = self._head
+        if not head:
+            return self._read(n)
+        if len(head) >= n:
+            self._head = head[n:]
+            return head[:n]
+        self._head = b""
+        return head + self._read(n - len(head))
+
+    def size(self) -> int | None:
+        """The file's size when it says (fsspec files have ``size``) or can seek."""
+        f = self.f
+        size = getattr(f, "size", None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size
+        try:
+            if not f.seekable():
+                return None
+            here = f.tell()
+            end = f.seek(0, os.SEEK_END)
+            f.seek(here)
+        except Exception:
+            return None
+        return end - here + len(self._head)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.f.close()
+
+
+class _Source:
+    """The byte stream of one file, decompressed if gzip; read errors end it quietly.
+
+    ``fileobj``: read that opened binary file (named ``path``) instead of opening
+    ``path``; it is closed with the source.
+    """
+
+    def __init__(self, path: str, fileobj: IO[bytes] | None = None) -> None:
+        raw: io.BufferedReader | _FileObject
+        if fileobj is None:
+            try:
+                local = open(path, "rb")  # noqa: SIM115 - closed in close()
+            except OSError as exc:
+                raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+            raw = local
+        else:
+            raw = _FileObject(fileobj)
         self.raw = raw
         self.error: str | None = None
         """Why reading stopped early (I/O or decompression error), if it did."""
         self._consumed = 0
         try:
-            st = os.fstat(raw.fileno())
-            self.total: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
+            if isinstance(raw, _FileObject):
+                self.total: int | None = raw.size()
+            else:
+                st = os.fstat(raw.fileno())
+                self.total = st.st_size if stat.S_ISREG(st.st_mode) else None
             head = raw.peek(2)[:2]
         except OSError as exc:
             raw.close()
@@ -243,10 +323,16 @@ class CaptureReader:
     The constructor reads only the file header. pcapng interface link types, name
     resolution entries, secrets and statistics are collected as their blocks are
     met during iteration, so they are complete once :meth:`packets` is exhausted.
+
+    ``CaptureReader(name, fileobj=f)`` reads an already opened binary file instead
+    (an fsspec file of a URL, ``io.BytesIO``...; ``netdiag.capture.sources.open_capture``
+    opens URLs so), named ``name`` in warnings; the reader closes it. Damage is handled
+    the same way, and a read error of the file object ends the packets as one of a
+    local file does.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        """Open ``path`` and read its file header.
+    def __init__(self, path: str | os.PathLike[str], fileobj: IO[bytes] | None = None) -> None:
+        """Open ``path`` (or take ``fileobj``) and read its file header.
 
         Raises :class:`InputError` if the file cannot be read and
         :class:`CaptureFormatError` if it is empty or not a pcap/pcapng capture.
@@ -271,11 +357,20 @@ class CaptureReader:
         """pcapng Name Resolution Block entries: address text -> names."""
         self.interface_stats: list[dict[str, Any]] = []
         """pcapng Interface Statistics Blocks: ``interface_id``, ``ts_ns``, ``isb_*`` counters."""
+        self.sections: list[dict[str, str]] = []
+        """pcapng Section Header Blocks' text options (``shb_hardware``, ``shb_os``,
+        ``shb_userappl``), one dict per section met so far."""
+        self.interfaces: list[dict[str, str]] = []
+        """pcapng Interface Description Blocks' text options (``if_name``,
+        ``if_description``), one dict per interface met so far, over all sections."""
         self._buf = b""
         self._pos = 0
         self._base = 0
         self._gen: Generator[Packet, None, None] | None = None
-        self._src = _Source(self.path)
+        self._ng_bo = "<"
+        self._ng_ifaces: list[_Iface] = []
+        """The interfaces of the current pcapng section (for :meth:`tail_time_ns`)."""
+        self._src = _Source(self.path, fileobj)
         try:
             self._read_file_header()
         except BaseException:
@@ -302,6 +397,12 @@ class CaptureReader:
     def __iter__(self) -> Iterator[Packet]:
         return self.packets()
 
+    @property
+    def compressed(self) -> bool:
+        """Is the file gzip-compressed (so that only reading from its start gives its
+        packets)?"""
+        return self._src.gunzip is not None
+
     def progress(self) -> tuple[int, int | None]:
         """``(bytes of the on-disk file consumed, its size or None)``, for a progress bar."""
         return self._src.consumed(), self._src.total
@@ -312,6 +413,97 @@ class CaptureReader:
             with contextlib.suppress(ValueError):  # closed from inside its own iteration
                 self._gen.close()
         self._src.close()
+
+    def tail_time_ns(self, tail: bytes, near_ns: int) -> int | None:
+        """The time of the last packet in ``tail``, the last bytes of this (uncompressed)
+        file up to its end, read back without reading the file from the start; None when
+        ``tail`` does not tell it for sure. ``near_ns`` is a packet time of the file (its
+        first): a time read back must lie within :data:`TAIL_SPAN_NS` after it.
+
+        pcapng blocks end with their length, so they are walked back from the end (the
+        interfaces are those of the section read so far: call it after the first packet).
+        pcap records are not: the first offset of ``tail`` from which plausible record
+        headers (time near ``near_ns``, lengths within the snap length) chain exactly to
+        the end, over at least two records, is taken as a record boundary.
+        """
+        if self.format == "pcapng":
+            ts = self._pcapng_tail(tail)
+        elif self.format == "pcap":
+            ts = self._pcap_tail(tail, near_ns)
+        else:
+            return None
+        if ts is None or not near_ns - TAIL_SLACK_NS <= ts <= near_ns + TAIL_SPAN_NS:
+            return None
+        return ts
+
+    def _pcapng_tail(self, tail: bytes) -> int | None:
+        bo = self._ng_bo
+        ifaces = self._ng_ifaces
+        u32 = struct.Struct(bo + "I").unpack_from
+        end = len(tail)
+        while end >= 12:
+            blen = u32(tail, end - 4)[0]
+            if blen < 12 or blen & 3 or blen > end:
+                return None
+            start = end - blen
+            btype, lead = struct.unpack_from(bo + "II", tail, start)
+            if lead != blen or btype == BT_SHB:
+                return None
+            if btype in (BT_EPB, BT_PB) and blen >= 32:
+                if btype == BT_EPB:
+                    ifid, th, tl = struct.unpack_from(bo + "III", tail, start + 8)
+                else:
+                    ifid, _, th, tl = struct.unpack_from(bo + "HHII", tail, start + 8)
+                if ifid >= len(ifaces):
+                    return None
+                iface = ifaces[ifid]
+                ticks: int = (th << 32) | tl
+                ts: int = ticks * iface[1] // iface[2] + iface[3]
+                return ts
+            end = start
+        return None
+
+    def _pcap_tail(self, tail: bytes, near_ns: int) -> int | None:
+        bo = self._bo
+        hl = self._hdr_len
+        mul = self._frac_mul
+        frac_max = 1_000_000 if mul == 1000 else 1_000_000_000
+        limit = self._limit
+        unpack = struct.Struct(bo + "IIII").unpack_from
+        end = len(tail)
+        lo_s = max(0, (near_ns - TAIL_SLACK_NS) // NS)
+        hi_s = (near_ns + TAIL_SPAN_NS) // NS
+        # candidate record starts: where the seconds field's upper half fits the span
+        starts: set[int] = set()
+        for upper in range(lo_s >> 16, min(hi_s >> 16, 0xFFFF) + 1):
+            pat = upper.to_bytes(2, "little" if bo == "<" else "big")
+            shift = 2 if bo == "<" else 0
+            i = tail.find(pat)
+            while i >= 0:
+                if i >= shift:
+                    starts.add(i - shift)
+                i = tail.find(pat, i + 1)
+        dead: set[int] = set()
+        """Offsets from which the chain is known not to reach the end."""
+        for start in sorted(starts):
+            pos = start
+            last = -1
+            count = 0
+            visited: list[int] = []
+            while pos + hl <= end and pos not in dead:
+                sec, frac, incl, orig = unpack(tail, pos)
+                if (not lo_s <= sec <= hi_s or frac >= frac_max or incl > limit
+                        or orig < incl or pos + hl + incl > end):
+                    break
+                visited.append(pos)
+                last = sec * NS + frac * mul
+                count += 1
+                pos += hl + incl
+            if pos == end and count >= 2:
+                return last
+            dead.update(visited)
+            dead.add(pos)
+        return None
 
     def __enter__(self) -> CaptureReader:
         return self
@@ -534,9 +726,11 @@ class CaptureReader:
                 self._damage(self._base + pos, f"block type 0x{btype:08x} length {blen} "
                              f"but trailing length {trailer}")
                 return
-            pkt, problem = self._block(btype, buf[pos + 8:nxt - 4], bo, ifaces, ts)
             if btype == BT_SHB:
                 ifaces = []
+                self._ng_bo = bo
+                self._ng_ifaces = ifaces
+            pkt, problem = self._block(btype, buf[pos + 8:nxt - 4], bo, ifaces, ts)
             if problem:
                 self._damage(self._base + pos, problem)
                 return
@@ -564,7 +758,9 @@ class CaptureReader:
             self._isb(body, bo, ifaces)
         elif btype == BT_DSB:
             self._dsb(body, bo)
-        return None, None  # SHB (handled by the caller), custom and unknown blocks
+        elif btype == BT_SHB:
+            self._shb(body, bo)
+        return None, None  # SHB (options; the caller reads its byte order), custom, unknown
 
     @staticmethod
     def _block_length_problem(btype: int, blen: int) -> str | None:
@@ -588,12 +784,16 @@ class CaptureReader:
         lt, _, snaplen = struct.unpack_from(bo + "HHI", body, 0)
         lt = normalize(lt)
         mul, div, off = 1000, 1, 0
+        text: dict[str, str] = {}
         for code, value in _options(body, 8, bo):
             if code == 9 and len(value) >= 1:
                 mul, div = _tsresol(value[0])
             elif code == 14 and len(value) >= 8:
                 off = struct.unpack_from(bo + "q", value)[0] * NS
+            elif code in _IDB_TEXT:
+                text[_IDB_TEXT[code]] = _text(value)
         ifaces.append((lt, mul, div, off, snaplen))
+        self.interfaces.append(text)
         self._add_linktype(lt)
         return None
 
@@ -630,6 +830,15 @@ class CaptureReader:
         if snaplen:
             cap = min(cap, snaplen)
         return (last_ts, lt, body[4:4 + cap], orig), None
+
+    def _shb(self, body: bytes, bo: str) -> None:
+        """Section Header Block: its text options (after magic, version, section length)."""
+        text: dict[str, str] = {}
+        for code, value in _options(body, 16, bo):
+            name = _SHB_TEXT.get(code)
+            if name is not None:
+                text[name] = _text(value)
+        self.sections.append(text)
 
     def _nrb(self, body: bytes, bo: str) -> None:
         """Name Resolution Block: IPv4/IPv6 records, each an address and NUL-ended names."""
@@ -673,6 +882,11 @@ class CaptureReader:
             return
         stype, slen = struct.unpack_from(bo + "II", body, 0)
         self.secrets.append((stype, body[8:8 + slen]))
+
+
+def _text(value: bytes) -> str:
+    """A pcapng string option (UTF-8, maybe NUL-padded) as text."""
+    return value.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def _options(body: bytes, pos: int, bo: str) -> Iterator[tuple[int, bytes]]:

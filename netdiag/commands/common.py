@@ -165,3 +165,61 @@ def interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
         help="Length of the load-over-time intervals (500ms, 1s, 1m). Default: chosen "
              "from the capture's length (at most 60 intervals). With --format jsonl, "
              "time series records are written only when this is given.")(f)
+
+
+def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a report over a fleet of captures (``netdiag.fleet``,
+    ``docs/scale.md``); the command receives them as ``fleet``, a dict."""
+    import functools
+
+    import click
+
+    from netdiag.fleet.sets import DEFAULT_GAP_NS
+
+    def gap(ctx: Any, param: Any, value: str | None) -> int:
+        if value is None:
+            return DEFAULT_GAP_NS
+        try:
+            return parse_duration_ns(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    @click.option("--by", "by", type=click.Choice(["host", "file", "set"]),
+                  help="Also summarize per host (a capture source), per file or per capture "
+                       "set: the report gains groups (JSON groups, a JSON Lines group "
+                       "record each, a table).")
+    @click.option("--executor", type=click.Choice(["serial", "local", "dask"]),
+                  default="local", show_default=True, envvar="NETDIAG_EXECUTOR",
+                  show_envvar=True,
+                  help="Where the capture sets are analyzed: one after another in this "
+                       "process; the same with the --jobs process pool in each set; or one "
+                       "task per set and flow shard on a Dask cluster. The report is the "
+                       "same.")
+    @click.option("--scheduler", metavar="ADDRESS", envvar="NETDIAG_DASK_SCHEDULER",
+                  show_envvar=True,
+                  help="--executor dask: the scheduler (tcp://HOST:PORT, or the file "
+                       "'dask scheduler --scheduler-file' writes). Default: a local cluster.")
+    @click.option("--workers", type=click.IntRange(min=1),
+                  help="--executor dask without --scheduler: worker processes of the local "
+                       "cluster (default: one per CPU).")
+    @click.option("--max-records", type=click.IntRange(min=0),
+                  help="Records (connections and DNS transactions) the report may hold; "
+                       "beyond, the summary's percentiles come from mergeable sketches "
+                       "(1% relative error, said in summary.sketch) and the document lists "
+                       "no records (JSON Lines still streams them). Default: no bound, exact.")
+    @click.option("--set-gap", "set_gap_ns", callback=gap, metavar="DURATION",
+                  help="A file of a source starting within this of the previous file's last "
+                       "packet continues its capture set (default: 5m, the idle timeout).")
+    @click.option("--one-set", is_flag=True,
+                  help="Analyze all the captures as one capture set, merged by time whatever "
+                       "their sources (captures of the same traffic at several points).")
+    @functools.wraps(f)
+    def wrapper(*args: Any, by: str | None, executor: str, scheduler: str | None,
+                workers: int | None, max_records: int | None, set_gap_ns: int,
+                one_set: bool, **kwargs: Any) -> Any:
+        kwargs["fleet"] = {"by": by, "executor": executor, "scheduler": scheduler,
+                           "workers": workers, "max_records": max_records,
+                           "gap_ns": set_gap_ns, "one_set": one_set}
+        return f(*args, **kwargs)
+
+    return wrapper

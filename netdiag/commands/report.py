@@ -9,6 +9,7 @@ from typing import IO, Any
 import click
 
 from netdiag.commands.common import (
+    fleet_options,
     interval_option,
     keylog_paths,
     limit_options,
@@ -23,7 +24,7 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 
 
 @click.command()
-@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("captures", nargs=-1, required=True, metavar="CAPTURE...")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True,
               help="Terminal report, one JSON document, JSON Lines (streamed), HAR 1.2, a "
@@ -79,72 +80,115 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
                    "core, 1 for input under 64 MiB. The netdiag engine only.")
 @interval_option
 @limit_options
+@fleet_options
 def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms: float,
            rtt_slow_ms: float, tls_slow_ms: float, ttfb_slow_ms: float, reuse_min: float,
            retrans_max: float, stall_ms: float, dns_ports: tuple[int, ...],
            progress: bool | None, engine: str, profile_path: str | None, no_profile: bool,
            keylogs: tuple[str, ...], write_pcapng: str | None, jobs: int | None,
            dns_heuristic: bool, interval_ns: int | None,
-           limits: dict[str, int]) -> None:
+           limits: dict[str, int], fleet: dict[str, Any]) -> None:
     """Measure DNS, TCP, TLS and requests in one or more pcap/pcapng files.
 
-    Several files are merged by time into one analysis. Figures and fields are those of
+    A CAPTURE is a file, a folder (every capture under it), a glob ('caps/*/ring_*.pcapng',
+    quoted: netdiag expands it) or a URL (file://, memory://, s3://... through fsspec).
+    Files of one source that follow each other in time (rotated files) are one capture
+    set, merged by time into one analysis; sets of different sources are analyzed apart
+    and reported together (docs/scale.md). Figures and fields are those of
     docs/report.md; terms used in the terminal report: "link EN10MB" is the capture's
     link type (Ethernet), "h2c" HTTP/2 in the clear, and path names marked "inferred"
     come from the capture itself, not from a profile.
 
     Exit status: 0 every capture read to its end; 1 input error (a file missing or
     not a capture, a bad profile or key log); 2 usage error; 3 a capture is damaged
-    or truncated (everything before the damage is reported); 4 internal error (a bug:
+    or truncated (everything before the damage is reported, other capture sets in
+    full); 4 internal error (a bug:
     NETDIAG_DEBUG=1 prints the traceback); 130 interrupted.
     """
     from netdiag.analysis.findings import Thresholds
+    from netdiag.fleet.inputs import expand_inputs
     from netdiag.pipeline import Options
     from netdiag.shard import resolve_jobs
 
     if fmt == "csv" and not output:
         raise click.UsageError("--format csv writes one file per record type: give -o DIRECTORY")
+    inputs = expand_inputs(captures)
+    for note in inputs.notes:
+        stderr_console().print(f"note: {note}", highlight=False, markup=False)
+    files = inputs.files
+    if engine == "tshark" and (fleet["executor"] == "dask" or fleet["by"]
+                               or fleet["max_records"] is not None):
+        raise click.UsageError("--engine tshark reads files in this process only: without "
+                               "--executor dask, --by or --max-records")
     keylog = load_keylogs(keylogs)
-    profile = resolve_profile(profile_path, no_profile, captures)
+    profile = resolve_profile(profile_path, no_profile, files)
 
     thresholds = Thresholds(dns_slow_ms=dns_slow_ms, rtt_slow_ms=rtt_slow_ms,
                             tls_slow_ms=tls_slow_ms, ttfb_slow_ms=ttfb_slow_ms,
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=keylog, dns_heuristic=dns_heuristic, **limits,
-                      jobs=resolve_jobs(jobs, list(captures)) if engine == "netdiag" else 1)
+                      jobs=resolve_jobs(jobs, files) if engine == "netdiag" else 1)
     to_file = bool(output) and fmt != "csv"
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)
     try:
         if engine == "tshark":
-            result = _run_tshark(list(captures), fmt, options, out, profile, output, keylogs,
+            result = _run_tshark(files, fmt, options, out, profile, output, keylogs,
                                  interval_ns)
         else:
-            result = _run_report(list(captures), fmt, options, out, progress, profile, output,
-                                 interval_ns)
+            run = _fleet_runner(inputs, options, fleet, jobs, fmt)
+            result = _run_report(files, fmt, options, out, progress, profile, output,
+                                 interval_ns, run)
     finally:
         if to_file:
             out.close()
     if write_pcapng:
         from netdiag.pipeline import export_pcapng
 
-        n, keys = export_pcapng(list(captures), write_pcapng, result)
+        n, keys = export_pcapng(files, write_pcapng, result)
         stderr_console().print(f"wrote {write_pcapng}: {n} packets, keys of {keys} TLS "
                                 "connection(s) embedded", highlight=False)
     if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)
 
 
+def _fleet_runner(inputs: Any, options: Any, fleet: dict[str, Any], jobs: int | None,
+                  fmt: str) -> Any:
+    """How the captures are analyzed: None for one capture set the plain way (one file,
+    the local executor, no --by/--max-records), else a function of (sink, progress
+    callback) running the fleet (``netdiag.fleet``)."""
+    plain = ((len(inputs.files) == 1 or fleet["one_set"]) and fleet["executor"] == "local"
+             and not fleet["by"] and fleet["max_records"] is None)
+    if plain:
+        return None
+    from netdiag.fleet import make_plan
+    from netdiag.fleet.engine import FleetOptions, run_fleet
+
+    plan = make_plan(inputs.files, inputs.explicit, fleet["gap_ns"],
+                     probe=bool(fleet["by"]) or (len(inputs.files) > 1 and not fleet["one_set"]),
+                     one_set=fleet["one_set"])
+
+    def run(sink: Any, progress: Any) -> Any:
+        fo = FleetOptions(executor=fleet["executor"], by=fleet["by"], jobs=jobs,
+                          scheduler=fleet["scheduler"], workers=fleet["workers"],
+                          max_records=fleet["max_records"], holds_records=fmt != "jsonl",
+                          progress=progress)
+        return run_fleet(plan, sink, options, fo)
+
+    return run
+
+
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                 progress: bool | None, profile: Any, output: str | None,
-                interval_ns: int | None) -> Any:
+                interval_ns: int | None, fleet_run: Any = None) -> Any:
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
     err = stderr_console()
     show_progress = err.is_terminal if progress is None else progress
     bar = None
+    on_fleet = None
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
@@ -155,8 +199,22 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         def _update(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total or None)
 
+        def on_fleet(p: Any) -> None:
+            bar.update(task, completed=p.bytes_done, total=p.bytes_total or None,
+                       description=f"sets {p.sets_done}/{p.sets}")
+
         options.progress = _update
         bar.start()
+    fleet_res = None
+
+    def analyzed(sink: Any) -> Any:
+        nonlocal fleet_res
+        if fleet_run is None:
+            return analyze(captures, sink, options)
+        options.progress = None
+        fleet_res = fleet_run(sink, on_fleet)
+        return fleet_res.result
+
     try:
         if fmt == "jsonl":
             load = None
@@ -165,25 +223,57 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
 
                 load = StreamingLoad(profile)
             jsink = JsonlSink(out, load=load, interval_ns=interval_ns)
-            result = analyze(captures, jsink, options)
+            result = analyzed(jsink)
+            for g in (fleet_res.groups if fleet_res is not None else None) or []:
+                out.write(json.dumps({"type": "group", **g}, separators=(",", ":")) + "\n")
             jsink.end(result)
         else:
             csink = CollectingSink()
-            result = analyze(captures, csink, options)
+            result = analyzed(csink)
     finally:
         if bar is not None:
             bar.stop()
     if fmt == "text":
         _write_text(result, csink.connections, csink.dns_records, options, out, profile,
                     interval_ns)
+        if fleet_res is not None and fleet_res.groups is not None:
+            _write_groups_text(fleet_res, out)
     elif fmt != "jsonl":
         doc = csink.document(result, headers=fmt in ("har", "html"))
+        if fleet_res is not None:
+            doc = _with_fleet(doc, fleet_res)
         _write_collected(fmt, result, doc, csink.connections, csink.dns_records, options, out,
                          profile, output, interval_ns)
     for w in result.capture.warnings:
         if w.kind == "capture":
             print_warning(w.message)
     return result
+
+
+def _with_fleet(doc: dict[str, Any], fleet_res: Any) -> dict[str, Any]:
+    """The document with the fleet's additions: ``groups`` after ``summary`` (``--by``),
+    and ``capture.records_omitted`` once the summary is sketched (``--max-records``)."""
+    if fleet_res.sketched:
+        doc["capture"]["records_omitted"] = {"connections": 0, "dns": 0, **fleet_res.omitted}
+    if fleet_res.groups is None:
+        return doc
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        out[key] = value
+        if key == "summary":
+            out["groups"] = fleet_res.groups
+    return out
+
+
+def _write_groups_text(fleet_res: Any, out: IO[str]) -> None:
+    from rich.console import Console
+
+    from netdiag.fleet.render import groups_table
+
+    console = Console(file=out) if out is not sys.stdout else Console()
+    if not console.is_terminal:  # a file or a pipe: wide enough for the group names
+        console = Console(file=out, width=max(console.width, 120))
+    console.print(groups_table(fleet_res.groups, fleet_res.by))
 
 
 def _run_tshark(captures: list[str], fmt: str, options: Any, out: IO[str], profile: Any,
@@ -248,7 +338,10 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     elif fmt == "har":
         from netdiag.report.har import build_har
 
-        write_json(build_har(doc), out, ensure_ascii=False)
+        har = build_har(doc)
+        if "groups" in doc:
+            har["log"]["_groups"] = doc["groups"]
+        write_json(har, out, ensure_ascii=False)
     elif fmt == "html":
         from netdiag.report.html import render_html
 
@@ -259,4 +352,8 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
         from netdiag.report.csv_out import write_csv
 
         files = write_csv(doc, Path(output or "."))
+        if "groups" in doc:
+            from netdiag.fleet.render import write_groups_csv
+
+            files = [*files, write_groups_csv(doc["groups"], Path(output or "."))]
         stderr_console().print(f"wrote {len(files)} CSV files to {output}", highlight=False)
