@@ -20,7 +20,7 @@ from netdiag.console import stderr_console
 from netdiag.textsafe import print_warning
 
 EXIT_TRUNCATED = 3
-FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
+FORMATS = ["text", "json", "jsonl", "har", "html", "csv", "parquet"]
 
 
 @click.command()
@@ -28,10 +28,11 @@ FORMATS = ["text", "json", "jsonl", "har", "html", "csv"]
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True,
               help="Terminal report, one JSON document, JSON Lines (streamed), HAR 1.2, a "
-                   "self-contained HTML page, or one CSV per record type (-o DIRECTORY).")
+                   "self-contained HTML page, or one CSV or Parquet file per record type "
+                   "(-o DIRECTORY).")
 @click.option("-o", "--output", type=click.Path(writable=True),
               help="Write the report here instead of standard output (a directory for "
-                   "csv).")
+                   "csv and parquet).")
 @click.option("--engine", type=click.Choice(["netdiag", "tshark"]), default="netdiag",
               show_default=True,
               help="Who dissects: netdiag's own engine, or tshark (through its JSON output; "
@@ -110,8 +111,13 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
     from netdiag.pipeline import Options
     from netdiag.shard import resolve_jobs
 
-    if fmt == "csv" and not output:
-        raise click.UsageError("--format csv writes one file per record type: give -o DIRECTORY")
+    if fmt in ("csv", "parquet") and not output:
+        raise click.UsageError(f"--format {fmt} writes one file per record type: give -o "
+                               "DIRECTORY")
+    if fmt == "parquet":
+        from netdiag.report.parquet_out import require_pyarrow
+
+        require_pyarrow()
     inputs = expand_inputs(captures)
     for note in inputs.notes:
         stderr_console().print(f"note: {note}", highlight=False, markup=False)
@@ -129,7 +135,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=keylog, dns_heuristic=dns_heuristic, **limits,
                       jobs=resolve_jobs(jobs, files) if engine == "netdiag" else 1)
-    to_file = bool(output) and fmt != "csv"
+    to_file = bool(output) and fmt not in ("csv", "parquet")
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)
     try:
@@ -357,3 +363,11 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
 
             files = [*files, write_groups_csv(doc["groups"], Path(output or "."))]
         stderr_console().print(f"wrote {len(files)} CSV files to {output}", highlight=False)
+    elif fmt == "parquet":
+        from pathlib import Path
+
+        from netdiag.report.parquet_out import write_parquet
+
+        files = write_parquet(doc, Path(output or "."))
+        stderr_console().print(f"wrote {len(files)} Parquet files to {output}",
+                               highlight=False)

@@ -674,3 +674,22 @@ def test_tshark_engine_frames_go_to_extra(tmp_path: Path) -> None:
             assert row[EXTRA] is not None and [k for k, _ in row[EXTRA]] == ["frames"], name
     assert t["requests.parquet"].num_rows == sum(len(c["requests"])
                                                  for c in doc["connections"])
+
+
+def test_the_report_command_writes_parquet(tmp_path: Path) -> None:
+    """``netdiag report --format parquet -o DIR``; without -o a usage error (exit 2)."""
+    from click.testing import CliRunner
+
+    from netdiag.cli import cli
+
+    capture = Path(__file__).resolve().parents[2] / "captures" / "antho.pcapng"
+    out = tmp_path / "pq"
+    res = CliRunner().invoke(cli, ["report", str(capture), "--format", "parquet", "-o",
+                                   str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in out.iterdir()}
+    assert {"connections.parquet", "requests.parquet", "dns.parquet",
+            "findings.parquet", "timeseries.parquet", "knees.parquet"} <= names
+    assert pq.read_table(out / "requests.parquet").num_rows > 0
+    res = CliRunner().invoke(cli, ["report", str(capture), "--format", "parquet"])
+    assert res.exit_code == 2 and "-o DIRECTORY" in res.output
