@@ -60,7 +60,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     pytest.importorskip("distributed")
     from distributed import Client
