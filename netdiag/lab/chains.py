@@ -27,6 +27,31 @@ def key_of(rec: dict[str, Any]) -> Key:
     return (rec["client"], rec["server"], rec.get("stream_id"), rec.get("ordinal"))
 
 
+class _Index:
+    """Log entries by :func:`key_of`. A key can name several requests over a run (a new
+    connection per request reuses an ephemeral port), so a lookup takes the first entry
+    received at or after the time the caller sent it (the last one when none is timed)."""
+
+    def __init__(self, log: list[dict[str, Any]]) -> None:
+        self.by: dict[Key, list[dict[str, Any]]] = {}
+        for e in log:
+            self.by.setdefault(key_of(e), []).append(e)
+
+    def get(self, key: Key, after_ns: float | None = None) -> dict[str, Any] | None:
+        found = self.by.get(key)
+        if not found:
+            return None
+        if after_ns is None or len(found) == 1:
+            return found[-1]
+        timed = [e for e in found if e.get("received_ns") is not None
+                 and e["received_ns"] >= after_ns - SLACK_NS]
+        return min(timed, key=lambda e: e["received_ns"]) if timed else found[-1]
+
+
+SLACK_NS = 1_000_000
+"""A hop's clock read may precede its caller's by this much (both wall clocks)."""
+
+
 def _ref(rec: dict[str, Any], hop: str | None = None, parent: int | None = None
          ) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -80,11 +105,8 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
     "origin": ...}`` (:func:`hop_times` of each hop the chain reached; DPF: ``origin``
     only; a request no hop logged: ``{}``).
     """
-    by_key: dict[str, dict[Key, dict[str, Any]]] = {
-        "edge": {key_of(e): e for e in edge_log},
-        "router": {key_of(e): e for e in router_log},
-    }
-    origins = {key_of(e): e for e in origin_log}
+    by_key = {"edge": _Index(edge_log), "router": _Index(router_log)}
+    origins = _Index(origin_log)
     if hops is not None:
         for req in requests:
             hops[req["request_id"]] = {}
@@ -102,15 +124,16 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
         if hops is not None:
             hops[req["request_id"]] = mine
         sent_ts = req.get("sent_ts")
+        sent_ns = None if sent_ts is None else sent_ts * 1e9
         first = "edge" if req["path"] == "ROC" else "origin"
         if first == "origin":
-            origin = origins.get(key_of(client))
+            origin = origins.get(key_of(client), sent_ns)
             if origin is None:
                 problems.append(f"{req['request_id']}: no origin logged {key_of(client)}")
             else:
                 mine["origin"] = hop_times("origin", origin, sent_ts)
             continue
-        edge = by_key["edge"].get(key_of(client))
+        edge = by_key["edge"].get(key_of(client), sent_ns)
         if edge is None:
             problems.append(f"{req['request_id']}: the edge logged no request {key_of(client)}")
             continue
@@ -125,7 +148,7 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
                 index = len(chain["upstream"])
                 hop = out["hop"]
                 if hop == "router":
-                    nxt = by_key["router"].get(key_of(out))
+                    nxt = by_key["router"].get(key_of(out), entry.get("forwarded_ns"))
                     if nxt is None:
                         problems.append(f"{req['request_id']}: the router logged no request "
                                         f"{key_of(out)}")
@@ -133,7 +156,7 @@ def build_chains(requests: list[dict[str, Any]], edge_log: list[dict[str, Any]],
                         mine.setdefault("router", hop_times("router", nxt, sent_ts))
                         todo.append((nxt, index))
                 elif hop == "origin":
-                    origin = origins.get(key_of(out))
+                    origin = origins.get(key_of(out), entry.get("dispatched_ns"))
                     if origin is None:
                         problems.append(f"{req['request_id']}: no origin logged {key_of(out)}")
                     else:
