@@ -49,6 +49,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.protocols.http2",
     "netdiag.tls.decrypt",
     "netdiag.protocols.tls_decrypt",
+    "netdiag.analysis.stats",
+    "netdiag.paths.chains",
+    "netdiag.paths.budget",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record

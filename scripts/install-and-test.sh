@@ -29,4 +29,7 @@ lint-imports --no-cache  # the layer contract (pyproject.toml [tool.importlinter
 bash scripts/typecheck.sh
 python3 -m pytest -q "$@"
 # the pure-Python twin of the compiled modules, on the tests of the layers they make up
-NETDIAG_CORE=python python3 -m pytest -q tests/flows tests/capture tests/protocols
+NETDIAG_CORE=python python3 -m pytest -q tests/flows tests/capture tests/protocols \
+    tests/analysis tests/paths/test_paths_matching.py tests/paths/test_chains_scale.py \
+    tests/paths/test_paths_chains.py tests/paths/test_paths_budget.py \
+    tests/paths/test_paths_attribute.py

@@ -64,11 +64,13 @@ def paths(captures: tuple[str, ...], profile_path: str | None, no_profile: bool,
     """
     from netdiag import CONTRACT_VERSION, __version__
     from netdiag.analysis.findings import Thresholds
+    from netdiag.gcpolicy import tune_for_analysis
     from netdiag.paths.apply import analyze_paths
     from netdiag.paths.findings import PathThresholds
     from netdiag.pipeline import Options, analyze
     from netdiag.report.records_out import CollectingSink
 
+    tune_for_analysis()
     profile = resolve_profile(profile_path, no_profile, captures)
     thresholds = Thresholds(stall_ms=stall_ms, reuse_min=reuse_min)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),

@@ -188,9 +188,11 @@ def _fleet_runner(inputs: Any, options: Any, fleet: dict[str, Any], jobs: int | 
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                 progress: bool | None, profile: Any, output: str | None,
                 interval_ns: int | None, fleet_run: Any = None) -> Any:
+    from netdiag.gcpolicy import tune_for_analysis
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
+    tune_for_analysis()
     err = stderr_console()
     show_progress = err.is_terminal if progress is None else progress
     bar = None

@@ -1918,9 +1918,10 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
             n = Node(c, i, r)
             nodes[n.key] = n
     for c in conns:
-        i = _first_request_index(c)
-        if i is not None and c.syn_ns is not None and c.syn_ns <= c.requests[i].ts_ns:
-            nodes[(c.id, i)].syn_first_ns = c.syn_ns
+        first_index = _first_request_index(c)
+        if first_index is not None and c.syn_ns is not None \
+                and c.syn_ns <= c.requests[first_index].ts_ns:
+            nodes[(c.id, first_index)].syn_first_ns = c.syn_ns
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
     linker.prepare()
 
@@ -1984,13 +1985,13 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         p.children.append(u)
 
     for c in conns:
-        i = _first_request_index(c)
-        if i is None or c.syn_ns is None:
+        first_index = _first_request_index(c)
+        if first_index is None or c.syn_ns is None:
             continue
-        u = nodes[(c.id, i)]
-        p = u.parent
-        if p is not None and p.req.ts_ns <= c.syn_ns <= u.req.ts_ns:
-            u.opened = True
+        opener = nodes[(c.id, first_index)]
+        caller = opener.parent
+        if caller is not None and caller.req.ts_ns <= c.syn_ns <= opener.req.ts_ns:
+            opener.opened = True
 
     return Chains(nodes, _proxy_evidence(nodes, second, linker.considered),
                   {"children": sum(1 for n in linker.nodes if linker.pairs_of.get(

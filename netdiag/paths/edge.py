@@ -334,9 +334,9 @@ def request_split(req: Request) -> dict[str, Any] | None:
     includes_edge = False
     for src, name in UPSTREAM_METRICS:
         if src == "server-timing":
-            m = timed.get(name)
-            if m is not None and m.dur is not None:
-                upstream, source, metric = m.dur, src, m.name
+            found = timed.get(name)
+            if found is not None and found.dur is not None:
+                upstream, source, metric = found.dur, src, found.name
                 break
         elif envoy is not None:
             upstream, source, metric = envoy, src, None
@@ -627,12 +627,12 @@ def identify_edge(conn: Connection, profile: Profile | None = None) -> dict[str,
     by_name: dict[str, list[str]] = {}
     server_cdn: str | None = None
     for r in conn.requests:
-        for name, ev in header_signals(r.response_headers):
-            lines = by_name.setdefault(name, [])
+        for vendor, ev in header_signals(r.response_headers):
+            lines = by_name.setdefault(vendor, [])
             if ev not in lines and len(lines) < 2:
                 lines.append(ev)
-            if (server_cdn is None and ev.startswith("server: ") and name in _CDNS):
-                server_cdn = name
+            if (server_cdn is None and ev.startswith("server: ") and vendor in _CDNS):
+                server_cdn = vendor
     ranged = range_match(conn.server, profile)
     range_line = None
     if ranged is not None:
@@ -796,7 +796,7 @@ def annotate_edges(doc: dict[str, Any], connections: Sequence[Connection],
     ``connections``, and ``upstream`` into each of its request dicts (in order)."""
     by_id = {c.id: c for c in connections}
     for cj in doc.get("connections", []):
-        conn = by_id.get(cj.get("id")) if isinstance(cj, dict) else None
+        conn = by_id.get(str(cj.get("id"))) if isinstance(cj, dict) else None
         if conn is None:
             continue
         cj["edge"] = identify_edge(conn, profile)

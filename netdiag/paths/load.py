@@ -405,10 +405,10 @@ def load_of_paths(connections: Sequence[Connection], dns_records: Sequence[DnsTr
         for i in hits:
             lb.dns(name, dns_records[i].ts_ns)
     for c in connections:
-        name = None if c.path is None else c.path.get("name")
+        path_name: str | None = None if c.path is None else c.path.get("name")
         if c.retransmission_ns:
-            lb.retransmissions(name, c.retransmission_ns)
-        if name is None:
+            lb.retransmissions(path_name, c.retransmission_ns)
+        if path_name is None:
             for k, r in enumerate(c.requests):
                 lb.request(None, r.ts_ns, r.first_byte_ns, r.last_byte_ns,
                            (r.request_bytes or 0) + (r.response_bytes or 0), k == 0,

@@ -421,7 +421,7 @@ class _Locator:
                 if n - 1 < len(self.lines) and key_re.match(self.lines[n - 1]):
                     found = n
                     break
-            if found is None and rng is not None:
+            if found is None and rng is not None and key:
                 # keys of an inline table (header = { ... }) or written elsewhere
                 word = re.compile(rf"(^|[{{,\s]){re.escape(key)}\s*=")
                 for n in range(first, last + 1):
