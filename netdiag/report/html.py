@@ -450,6 +450,32 @@ def _summary(doc: dict[str, Any]) -> str:
             + "</section>")
 
 
+def _groups(doc: dict[str, Any]) -> str:
+    """The ``--by`` breakdown of a fleet report (``groups``): one row per host, file or
+    capture set, with the summary's main figures; empty without ``groups``."""
+    groups = [g for g in _l(doc.get("groups")) if isinstance(g, dict)]
+    if not groups:
+        return ""
+    rows = []
+    for g in groups:
+        s = _d(g.get("summary"))
+        tcp, tls, http, dns = (_d(s.get(k)) for k in ("tcp", "tls", "http", "dns"))
+        tt = _d(http.get("ttfb_ms"))
+        rows.append([
+            esc(g.get("key")), _int(len(_l(g.get("files")))), _int(tcp.get("connections")),
+            _int(http.get("requests")), _int(dns.get("transactions")),
+            esc(fmt_ms(_d(tcp.get("handshake_rtt_ms")).get("p50"))),
+            esc(fmt_ms(_d(tls.get("handshake_ms")).get("p50"))),
+            esc(fmt_ms(tt.get("p50"))), esc(fmt_ms(tt.get("p90"))), esc(fmt_ms(tt.get("p99"))),
+            _badge("damaged", "b-critical") if g.get("truncated") else ""])
+    head = [("group", False), ("files", True), ("connections", True), ("requests", True),
+            ("DNS", True), ("RTT p50", True), ("TLS p50", True), ("TTFB p50", True),
+            ("p90", True), ("p99", True), ("", False)]
+    return ('<section id="groups"><h2>By group</h2>'
+            f'<p class="note">{_int(len(groups))} groups; the summary above covers them '
+            "all.</p>" + _table(head, rows) + "</section>")
+
+
 def _findings(doc: dict[str, Any]) -> str:
     fs = [f for f in _l(doc.get("findings")) if isinstance(f, dict)]
     fs.sort(key=lambda f: SEVERITY_ORDER.get(str(f.get("severity")), 3))
@@ -1125,8 +1151,8 @@ def render_html(doc: dict[str, Any], *, title: str | None = None) -> str:
     body = [
         _header(doc, title),
         '<main class="wrap">',
-        _summary(doc), _findings(doc), _paths(doc), _load(doc), _ttfb(doc), _waterfalls(doc),
-        _slowest(doc), _dns_table(doc), _conn_table(doc),
+        _summary(doc), _groups(doc), _findings(doc), _paths(doc), _load(doc), _ttfb(doc),
+        _waterfalls(doc), _slowest(doc), _dns_table(doc), _conn_table(doc),
         f"<footer>netdiag {esc(doc.get('netdiag_version'))} · report contract "
         f"{esc(doc.get('contract'))} · {esc(_servers_text(doc))} · times are capture "
         "timestamps; durations in milliseconds unless marked.</footer>",

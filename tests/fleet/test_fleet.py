@@ -198,6 +198,12 @@ def test_three_hosts_one_damaged(three_hosts: tuple[Path, Path]) -> None:
         g["key"] for g in doc["groups"]]
     text = report(str(caps), "--by", "host", code=3).decode()
     assert "By host" in text and "DAMAGED" in text and "host-c/ring_*.pcap" in text
+    html = report(str(caps), "--format", "html", "--by", "host", code=3).decode()
+    section = html.split('<section id="groups">', 1)[1].split("</section>", 1)[0]
+    for g in doc["groups"]:
+        assert f"<td>{g['key']}</td>" in section
+    assert section.count("<tr>") == len(doc["groups"]) + 1 and section.count("damaged") == 1
+    assert '<section id="groups">' not in report(str(caps), "--format", "html", code=3).decode()
     by_set = json.loads(report(str(caps), "--format", "json", "--by", "set", code=3))
     assert [g["summary"] for g in by_set["groups"]] == [g["summary"] for g in doc["groups"]]
     by_file = json.loads(report(str(caps), "--format", "json", "--by", "file", code=3))
