@@ -14,6 +14,7 @@ compiled, or why it did not compile. ``import netdiag`` reads it to choose its c
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import runpy
@@ -98,10 +99,29 @@ class BuildPy(build_py):
             return
         if self.editable_mode:
             remove_extensions(SOURCE_PACKAGE)
+            remove_stale_extensions(SOURCE_PACKAGE)
             write_record(SOURCE_PACKAGE, RECORD)
         else:
             write_record(os.path.join(self.build_lib, "netdiag"), RECORD)
         note(f"building pure Python, without the compiled core: {RECORD['reason']}")
+
+
+def remove_stale_extensions(package_dir: str) -> None:
+    """Delete extensions of modules no longer compiled: a ``.so`` beside a ``.py`` of
+    the package whose module ``COMPILED_MODULES`` does not list (an earlier build's; it
+    would shadow the source and fail to load from the new shared library)."""
+    keep = set(MODULES)
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for root, _dirs, files in os.walk(package_dir):
+        for name in files:
+            if not name.endswith(suffixes) or "__mypyc" in name:
+                continue
+            stem = name.split(".", 1)[0]
+            if not os.path.exists(os.path.join(root, stem + ".py")):
+                continue
+            rel = os.path.relpath(os.path.join(root, stem), package_dir)
+            if "netdiag." + rel.replace(os.sep, ".") not in keep:
+                os.remove(os.path.join(root, name))
 
 
 class BuildExt(build_ext):
@@ -110,6 +130,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         inplace = self.inplace or self.editable_mode
         target = SOURCE_PACKAGE if inplace else os.path.join(self.build_lib, "netdiag")
+        if inplace:
+            remove_stale_extensions(SOURCE_PACKAGE)
         try:
             super().run()
         except Exception as exc:  # no compiler, compile or link error: pure Python instead

@@ -52,6 +52,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.analysis.stats",
     "netdiag.paths.chains",
     "netdiag.paths.budget",
+    "netdiag.protocols.resp",
+    "netdiag.paths.attribute",
+    "netdiag.paths.edge",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record

@@ -9,6 +9,6 @@ mapfile -t modules < <(python3 -c \
 args=()
 for m in "${modules[@]}" netdiag.contract netdiag.analysis.stats netdiag.analysis.summary \
         netdiag.analysis.findings netdiag.result netdiag.report.records_out; do
-    args+=(-m "$m")
+    [[ " ${args[*]} " == *" $m "* ]] || args+=(-m "$m")
 done
 python3 -m mypy --strict --follow-imports=silent "${args[@]}"

@@ -406,13 +406,7 @@ class Chains:
     def steps(self, root: Node) -> list[Step]:
         """The chain of ``root``: itself and every request it caused, depth first."""
         out: list[Step] = []
-
-        def walk(n: Node, depth: int, in_ttfb: bool) -> None:
-            out.append(Step(n, depth, n.own_ns(), in_ttfb, n.own_parts_ns()))
-            for c in sorted(n.children, key=lambda c: (c.start_ns, c.conn.id, c.index)):
-                walk(c, depth + 1, in_ttfb and n.in_wait(c))
-
-        walk(root, 0, True)
+        _walk_steps(root, 0, True, out)
         return out
 
     def links(self, root: Node) -> list[str]:
@@ -447,6 +441,18 @@ class Chains:
 
 
 # --- linking -----------------------------------------------------------------------
+
+
+def _child_order(c: Node) -> tuple[int, str, int]:
+    return c.start_ns, c.conn.id, c.index
+
+
+def _walk_steps(n: Node, depth: int, in_ttfb: bool, out: list[Step]) -> None:
+    # a module function, not a closure: compiled, a closure and its frame would form a
+    # reference cycle per chain, left for the collector
+    out.append(Step(n, depth, n.own_ns(), in_ttfb, n.own_parts_ns()))
+    for c in sorted(n.children, key=_child_order):
+        _walk_steps(c, depth + 1, in_ttfb and n.in_wait(c), out)
 
 
 def _host(ep: str) -> str:
@@ -1897,6 +1903,31 @@ def _label(e: _Edge, alts: Sequence[_Edge], count: int, left_out: float,
     return "matched"
 
 
+class _Modes:
+    """How each pair of server groups is linked in the rounds of :func:`link_requests`,
+    and the final link between two requests."""
+
+    def __init__(self, linker: _Linker, viable: set[tuple[Any, Any]]) -> None:
+        self.linker = linker
+        self.viable = viable
+        self.keep: set[tuple[Any, Any]] = set()
+        """Pairs whose statistics stand after the second round."""
+        self.by_pair: dict[tuple[int, int], _Edge] = {}
+        self.stats: Mapping[tuple[Any, Any], _PairStats] = {}
+
+    def refined(self, pair: tuple[Any, Any]) -> str:
+        """Links declared, by id, or of viable pairs."""
+        return "all" if pair in self.viable or self.linker.pair_info[pair][0] else "trusted"
+
+    def final_mode(self, pair: tuple[Any, Any]) -> str:
+        """Links by id, or of pairs that stand."""
+        return self.refined(pair) if pair in self.keep else "rid"
+
+    def link_of(self, p: Node, u: Node) -> _Edge | None:
+        e = self.by_pair.get((id(p), id(u)))
+        return e if e is not None else self.linker.link_of(p, u, self.stats, self.final_mode)
+
+
 def _first_request_index(conn: Connection) -> int | None:
     if not conn.requests:
         return None
@@ -1935,19 +1966,17 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
               or (st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX
                   and st.n >= VIABLE_SHARE * sizes[pair[1]])}
 
-    def refined(pair: tuple[Any, Any]) -> str:  # links declared, by id, or of viable pairs
-        return "all" if pair in viable or linker.pair_info[pair][0] else "trusted"
-
-    first, _edges = linker.assign(estimates, refined, by_kind=False)
+    # the modes are methods of an object, not closures: compiled, closures and this
+    # function's frame would form a reference cycle holding every link candidate until
+    # the collector ran (48,000 objects, 44 MiB at 1M packets)
+    modes = _Modes(linker, viable)
+    first, _edges = linker.assign(estimates, modes.refined, by_kind=False)
     stats = _keep_anchors(_pair_stats(first), estimates)
-    second, _edges = linker.assign(stats, refined, by_kind=False)
+    second, _edges = linker.assign(stats, modes.refined, by_kind=False)
     stats = _keep_anchors(_pair_stats(second), estimates)
-    keep = linker.accepted_pairs(stats, second, linker.declared_pairs, estimates)
+    modes.keep = linker.accepted_pairs(stats, second, linker.declared_pairs, estimates)
 
-    def final_mode(pair: tuple[Any, Any]) -> str:  # links by id, or of pairs that stand
-        return refined(pair) if pair in keep else "rid"
-
-    final, final_edges = linker.assign(stats, final_mode, second=True)
+    final, final_edges = linker.assign(stats, modes.final_mode, second=True)
 
     alternatives: dict[tuple[Any, int], list[_Edge]] = defaultdict(list)
     by_pair: dict[tuple[int, int], _Edge] = {}
@@ -1963,12 +1992,10 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     child_of_by_gk: dict[tuple[Any, Any], dict[int, _Edge]] = {
         gk: {id(e.parent): e for e in m.values()} for gk, m in final.items()}
 
-    def link_of(p: Node, u: Node) -> _Edge | None:
-        e = by_pair.get((id(p), id(u)))
-        return e if e is not None else linker.link_of(p, u, stats, final_mode)
-
+    modes.by_pair = by_pair
+    modes.stats = stats
     chosen = [_innermost(opts) for opts in options.values()]
-    counts = linker.candidate_counts(chosen, final_mode)
+    counts = linker.candidate_counts(chosen, modes.final_mode)
     for e, count in zip(chosen, counts, strict=True):
         u, p = e.child, e.parent
         gk = (e.pgroup, e.kind)
@@ -1977,7 +2004,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
         left_out = -_INF if (id(u), e.pgroup) in linker.capped else \
             linker.left_out.get((id(u), e.pgroup), (_INF,))[0]
-        u.link = _label(e, alternatives[(e.pgroup, id(u))], count, left_out, link_of,
+        u.link = _label(e, alternatives[(e.pgroup, id(u))], count, left_out, modes.link_of,
                         child_of_by_gk[gk], final[gk], into, end, round(jitter * 1e6))
         u.candidates = count
         u.parent = p

@@ -420,8 +420,9 @@ def _server_name(value: str) -> str | None:
     return None
 
 
-def header_signals(headers: Sequence[tuple[str, str]] | None) -> list[tuple[str, str]]:
-    """(edge name, evidence) for each header of one response that names an edge."""
+def header_signals(headers: Sequence[object] | None) -> list[tuple[str, str]]:
+    """(edge name, evidence) for each header of one response that names an edge
+    (``headers``: name/value pairs; anything else in it is skipped)."""
     out: list[tuple[str, str]] = []
     if not headers:
         return out
