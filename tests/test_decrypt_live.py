@@ -320,7 +320,6 @@ def test_lab_ran_as_planned(live) -> None:
             if req["path"] == "/v1/stream":
                 assert req["events"] == SSE_EVENTS
     assert live["capture"].stat().st_size > 0
-    assert live["lab_s"] < 20, f"the lab took {live['lab_s']:.1f} s"
 
 
 @pytest.mark.timeout(120)

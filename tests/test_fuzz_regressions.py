@@ -50,10 +50,10 @@ def test_every_regression_directory_names_a_target() -> None:
 @pytest.mark.parametrize("path", _inputs(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_regression_input_is_handled(path: Path) -> None:
     target = TARGETS[path.parent.name]
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: what the input costs, not what the machine is doing
     target(path.read_bytes())
-    took = time.perf_counter() - t0
-    assert took < TIME_LIMIT_S, f"{path.name} took {took:.1f} s"
+    took = time.process_time() - t0
+    assert took < TIME_LIMIT_S, f"{path.name} took {took:.1f} s of CPU"
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

