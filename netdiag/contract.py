@@ -44,6 +44,17 @@ class TcpSummary(TypedDict):
     lost_bytes: int
 
 
+class QuicSummary(TypedDict):
+    """``summary.quic``: present only when the capture holds QUIC connections (which
+    ``summary.tcp`` does not count; their TLS handshakes are in ``summary.tls``)."""
+
+    connections: int
+    handshake_rtt_ms: Percentiles
+    zero_rtt_attempted: int
+    retries: int
+    migrations: int
+
+
 class TlsSummary(TypedDict):
     handshakes: int
     handshake_ms: Percentiles
@@ -87,6 +98,7 @@ class Summary(TypedDict):
 
     dns: DnsSummary
     tcp: TcpSummary
+    quic: NotRequired[QuicSummary]
     tls: TlsSummary
     http: HttpSummary
     resp: RespSummary
@@ -173,3 +185,44 @@ class KneeJson(TypedDict):
     hops: dict[str, dict[str, float | None]]
     evidence: list[str]
     sentence: str
+
+
+class ZeroRttJson(TypedDict):
+    """``connections[].quic.zero_rtt``."""
+
+    attempted: bool
+    """The client sent 0-RTT packets."""
+    accepted: bool | None
+    """The server accepted them (EncryptedExtensions' early_data, so only with keys);
+    null when attempted without keys, false when not attempted."""
+    packets: int
+
+
+class QuicJson(TypedDict):
+    """``connections[].quic`` of a QUIC connection (``transport`` ``"udp"``); absent for
+    TCP. Built by ``netdiag.protocols.quic.QuicConnection.finish``."""
+
+    version: str
+    """``"1"``, ``"2"``, ``"draft-29"`` or the hex number."""
+    zero_rtt: ZeroRttJson
+    retry: bool
+    version_negotiation: list[str] | None
+    migrations: int
+    """Client endpoints beyond the first that carried the connection's ids."""
+    client_endpoints: list[str]
+    connection_ids: dict[str, list[str]]
+    """``{"client": [...], "server": [...]}``, hex, in order of appearance."""
+    packets: dict[str, int]
+    undecrypted: int
+    frames: dict[str, int] | None
+    close: dict[str, Any] | None
+    handshake_done_ms: float | None
+    h3: dict[str, Any] | None
+    """``{settings: {client, server}, goaway, frames}`` where HTTP/3 was decrypted."""
+
+
+class ConnectionQuicFields(TypedDict):
+    """What a QUIC connection adds to ``connections[]`` (the rest is a TCP one's)."""
+
+    transport: str
+    quic: NotRequired[QuicJson]

@@ -19,7 +19,7 @@ from netdiag.capture.linktypes import linktype_name
 from netdiag.capture.reader import SECRETS_TLS_KEY_LOG, CaptureReader
 from netdiag.capture.sources import open_capture
 from netdiag.errors import InputError
-from netdiag.flows.table import FlowTable
+from netdiag.flows.table import FlowTable, UdpSession
 from netdiag.flows.tcp import TcpFlow
 from netdiag.limits import (
     DEFAULT_MAX_CONNECTIONS,
@@ -31,6 +31,7 @@ from netdiag.protocols.base import StreamAnalyzer
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.protocols.http1 import Http1Analyzer
 from netdiag.protocols.http2 import Http2Analyzer
+from netdiag.protocols.quic import QuicAnalyzer, QuicConnection, stray_warning
 from netdiag.protocols.resp import RESP_PORTS, RespAnalyzer, looks_like_resp
 from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
 from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
@@ -113,6 +114,10 @@ class _Run:
                                options.dns_ports, shard=options.shard, limits=self.limits,
                                dns_heuristic=options.dns_heuristic)
         self.table.sweep_hooks.append(self.dns.expire)
+        self.quic = QuicAnalyzer(self._new_quic, self._quic_keys)
+        """Every QUIC connection (UDP datagrams the flow table routes to it)."""
+        self.table.on_quic = self.quic.on_datagram
+        self.table.on_session = self._on_session
 
     def stage(self, name: str) -> None:
         """The end of the input: ``finish`` (connections), ``secrets``, ``dns``, in order.
@@ -184,6 +189,32 @@ class _Run:
             except InputError as e:
                 self.facts.warn(Warning_("tls", f"unusable decryption secrets block: {e}"))
         self._secrets_seen = len(blocks)
+
+    def _new_quic(self, qc: QuicConnection) -> str:
+        return self.table.new_session(qc)
+
+    def _quic_keys(self, client_random: bytes) -> dict[str, bytes]:
+        """The key-log secrets of a QUIC connection (pcapng blocks read so far included)."""
+        self._sync_secrets()
+        if not len(self.keylog):
+            return {}
+        return self.keylog.secrets_for(client_random)
+
+    def _on_session(self, session: UdpSession) -> None:
+        """A QUIC connection finished: emitted as a TCP connection is."""
+        conn = session.conn
+        if isinstance(session, QuicConnection):
+            if session.secrets:
+                random = conn.tls.client_random if conn.tls is not None else None
+                if random:
+                    self.client_randoms.add(bytes(random))
+            if session.limits_hit:
+                self.limits.add(session.limits_hit)
+            where = f"{conn.id} {conn.client} -> {conn.server}"
+            for msg in session.warnings:
+                self.facts.warn(Warning_("quic", f"{where}: {msg}"))
+        self.summary.add_connection(conn)
+        self.sink.connection(conn)
 
     def _on_connection(self, flow: TcpFlow) -> None:
         conn = flow.conn
@@ -280,6 +311,8 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
         run.table.scan(_merged(readers))
         run.stage("finish")
         run.table.finish_all()
+        for server, n in sorted(run.quic.stray.items()):  # no connection left to carry them
+            run.facts.warn(Warning_("quic", stray_warning(n, server)))
         run.stage("secrets")
         run._sync_secrets()
         run.stage("dns")
@@ -306,6 +339,7 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
     for msg in run.dns.warnings:
         facts.warn(Warning_("dns", msg))
     run.limits.add(run.table.defrag.limits_hit)
+    run.limits.add(run.quic.limits_hit)
     record_limits(facts, run.limits)
     findings = build_findings(run.summary, options.thresholds, facts.truncated)
     if options.progress is not None:

@@ -282,7 +282,7 @@ class Connection:
     server: str
     """Server endpoint."""
     transport: str = "tcp"
-    """Always ``tcp`` for now."""
+    """``tcp``, or ``udp`` for a QUIC connection."""
     syn_ns: int | None = None
     """Capture time of the client's first SYN."""
     handshake_ack_ns: int | None = None
@@ -312,7 +312,7 @@ class Connection:
     """The SYN was captured, so orientation comes from it rather than from ports."""
     close: str = "open"
     """How it ended: ``fin``, ``rst``, ``idle`` (expired), ``reused`` (a new SYN took its
-    4-tuple) or ``open`` (the capture ended first)."""
+    4-tuple), ``close`` (a QUIC CONNECTION_CLOSE) or ``open`` (the capture ended first)."""
     tls: TlsInfo | None = None
     """TLS handshake facts, None for cleartext."""
     protocol: str | None = None
@@ -331,12 +331,24 @@ class Connection:
     retransmission_ns: list[int] = field(default_factory=list)
     """Capture times of the packets counted in ``retransmissions``, the first
     :data:`RETRANSMISSION_TIMES_CAP` of them (per-interval figures; not in JSON)."""
+    quic: dict[str, Any] | None = None
+    """QUIC connection facts (``transport`` ``udp``): ``{version, zero_rtt: {attempted,
+    accepted, packets}, retry, version_negotiation, migrations, client_endpoints,
+    connection_ids: {client, server}, packets, undecrypted, frames, close,
+    handshake_done_ms, h3}``; None for TCP (and then not in JSON)."""
+    initial_ns: int | None = None
+    """QUIC: capture time of the client's first Initial packet."""
+    initial_answer_ns: int | None = None
+    """QUIC: capture time of the server's first answer to it (Initial, Retry or Version
+    Negotiation); ``handshake_rtt_ms`` spans the two."""
 
     def to_json(self, with_requests: bool = True, headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id, "ts": ns_to_ts(self.ts_ns), "client": self.client,
             "server": self.server, "transport": self.transport,
-            "handshake_rtt_ms": span_ms(self.syn_ns, self.handshake_ack_ns),
+            "handshake_rtt_ms": (span_ms(self.syn_ns, self.handshake_ack_ns)
+                                 if self.transport == "tcp"
+                                 else span_ms(self.initial_ns, self.initial_answer_ns)),
             "retransmissions": self.retransmissions, "resets": self.resets,
             "bytes_to_server": self.bytes_to_server, "bytes_to_client": self.bytes_to_client,
             "duration_ms": span_ms(self.ts_ns, self.last_ns),
@@ -349,6 +361,8 @@ class Connection:
         }
         if self.tunnel is not None:
             out["tunnel"] = self.tunnel
+        if self.quic is not None:
+            out["quic"] = self.quic
         if with_requests:
             out["requests"] = [r.to_json(headers=headers) for r in self.requests]
         return out

@@ -9,10 +9,10 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from netdiag.analysis.stats import percentiles
-from netdiag.contract import Summary
+from netdiag.contract import QuicSummary, Summary
 from netdiag.records import Connection, DnsTransaction, Request, ns_to_ms
 
 TOP_K = 10
@@ -68,6 +68,12 @@ class SummaryBuilder:
     tcp_lost_bytes: int = 0
     tcp_slowest_rtt: _Top = field(default_factory=_Top)
 
+    quic_connections: int = 0
+    quic_rtt: list[float] = field(default_factory=list)
+    quic_zero_rtt: int = 0
+    quic_retries: int = 0
+    quic_migrations: int = 0
+
     tls_handshakes: int = 0
     tls_ms: list[float] = field(default_factory=list)
     tls_resumed: int = 0
@@ -121,19 +127,10 @@ class SummaryBuilder:
 
     def add_connection(self, c: Connection) -> None:
         """Count one finished connection and its requests."""
-        self.tcp_connections += 1
-        self.tcp_packets += c.packets
-        self.tcp_lost_bytes += c.lost_bytes
-        if c.syn_ns is not None and c.handshake_ack_ns is not None:
-            rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
-            self.tcp_rtt.append(rtt)
-            self.tcp_slowest_rtt.add(rtt, c.id)
-        self.tcp_retransmissions += c.retransmissions
-        if c.retransmissions:
-            self.tcp_retrans_conns.add(c.retransmissions, c.id)
-        self.tcp_resets += c.resets
-        if c.resets and len(self.tcp_reset_conns) < 1000:
-            self.tcp_reset_conns.append(c.id)
+        if c.transport == "udp":
+            self._add_quic(c)
+        else:
+            self._add_tcp(c)
         tls = c.tls
         if tls is not None and tls.client_hello_ns is not None:
             self.tls_handshakes += 1
@@ -181,6 +178,36 @@ class SummaryBuilder:
         row = slow_row(c)
         self.slowest_connections.add(row["worst_ms"], c.id, row)
 
+    def _add_tcp(self, c: Connection) -> None:
+        self.tcp_connections += 1
+        self.tcp_packets += c.packets
+        self.tcp_lost_bytes += c.lost_bytes
+        if c.syn_ns is not None and c.handshake_ack_ns is not None:
+            rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
+            self.tcp_rtt.append(rtt)
+            self.tcp_slowest_rtt.add(rtt, c.id)
+        self.tcp_retransmissions += c.retransmissions
+        if c.retransmissions:
+            self.tcp_retrans_conns.add(c.retransmissions, c.id)
+        self.tcp_resets += c.resets
+        if c.resets and len(self.tcp_reset_conns) < 1000:
+            self.tcp_reset_conns.append(c.id)
+
+    def _add_quic(self, c: Connection) -> None:
+        """A QUIC connection: its own counts, kept out of the TCP ones."""
+        self.quic_connections += 1
+        if c.initial_ns is not None and c.initial_answer_ns is not None:
+            self.quic_rtt.append((c.initial_answer_ns - c.initial_ns) / 1e6)
+        q = c.quic or {}
+        zero = q.get("zero_rtt")
+        if isinstance(zero, dict) and zero.get("attempted"):
+            self.quic_zero_rtt += 1
+        if q.get("retry"):
+            self.quic_retries += 1
+        migrations = q.get("migrations")
+        if isinstance(migrations, int):
+            self.quic_migrations += migrations
+
     def _add_resp(self, c: Connection) -> None:
         """Redis commands: their own figures, kept out of the HTTP ones."""
         self.resp_connections += 1
@@ -213,7 +240,7 @@ class SummaryBuilder:
 
     def build(self) -> Summary:
         """The contract's ``summary`` object."""
-        return {
+        return self._with_quic({
             "dns": {
                 "transactions": self.dns_total,
                 "answered": self.dns_total - self.dns_unanswered,
@@ -265,7 +292,26 @@ class SummaryBuilder:
                 "latency_ms": percentiles(self.resp_latency),
             },
             "paths": {},
-        }
+        })
+
+
+    def _with_quic(self, summary: Summary) -> Summary:
+        """``summary`` with ``quic`` after ``tcp`` when the capture had QUIC connections;
+        unchanged otherwise (so that the summary of a capture without QUIC is what it
+        always was)."""
+        if not self.quic_connections:
+            return summary
+        quic: QuicSummary = {"connections": self.quic_connections,
+                             "handshake_rtt_ms": percentiles(self.quic_rtt),
+                             "zero_rtt_attempted": self.quic_zero_rtt,
+                             "retries": self.quic_retries,
+                             "migrations": self.quic_migrations}
+        out: dict[str, Any] = {}
+        for key, value in summary.items():
+            out[key] = value
+            if key == "tcp":
+                out["quic"] = quic
+        return cast(Summary, out)
 
 
 def slow_row(c: Connection) -> dict[str, Any]:
@@ -273,6 +319,8 @@ def slow_row(c: Connection) -> dict[str, Any]:
     rtt = None
     if c.syn_ns is not None and c.handshake_ack_ns is not None:
         rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
+    elif c.initial_ns is not None and c.initial_answer_ns is not None:
+        rtt = (c.initial_answer_ns - c.initial_ns) / 1e6
     tls_ms = ns_to_ms(c.tls.handshake_ns) if c.tls is not None else None
     ttfbs = [(r.first_byte_ns - r.ts_ns) / 1e6 for r in c.requests if r.first_byte_ns is not None]
     ttfb = max(ttfbs) if ttfbs else None

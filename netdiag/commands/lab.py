@@ -128,6 +128,14 @@ def _ramp_option(ctx: click.Context, param: click.Parameter, value: str | None
               default=50, show_default=True, metavar="N",
               help="Requests that may wait in the router's queue (--router-budget); one "
                    "more is refused with 429.")
+@click.option("--http3/--no-http3", default=False, show_default=True,
+              help="The edge also serves HTTP/3 (QUIC) on UDP 127.0.0.10:443, with the "
+                   "lab's certificate and key log, and advertises it (alt-svc: "
+                   "h3=\":443\") on its HTTP/2 answers.")
+@click.option("--client-protocol", type=click.Choice(["h2", "h3"]), default="h2",
+              show_default=True,
+              help="What the ROC clients speak to the edge: HTTP/2 over TLS, or HTTP/3 "
+                   "over QUIC (implies --http3). DPF clients speak HTTP/2 either way.")
 @click.option("--report/--no-report", default=True, show_default=True,
               help="Print the report on the capture at the end (with the profile the lab "
                    "wrote).")
@@ -140,7 +148,7 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         upstream_source: str, router_protocol: str, origin_protocol: str,
         request_ids: bool, server_timing: bool, netns: bool | None,
         ramp: tuple[float, float, float] | None, router_budget: float | None,
-        router_queue: int, report: bool) -> None:
+        router_queue: int, http3: bool, client_protocol: str, report: bool) -> None:
     """Run the ROC/DPF lab on loopback, capture it, and report on the capture.
 
     Real servers on 127.0.0.0/8: DNS (127.0.0.53), the ROC edge (127.0.0.10:443),
@@ -167,6 +175,11 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
     missing = [m for m in LAB_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise LabError(f"netdiag lab needs {', '.join(missing)}: pip install 'netdiag[lab]'")
+    if client_protocol == "h3" and (ramp is not None or resume):
+        raise click.UsageError("--client-protocol h3 does not combine with --ramp or "
+                               "--resume (yet)")
+    if (http3 or client_protocol == "h3") and importlib.util.find_spec("aioquic") is None:
+        raise LabError("--http3 needs aioquic: pip install aioquic")
     params = LabParams(
         requests=requests, concurrency=concurrency, origins=origins,
         dns_delay_ms=dns_delay_ms, router_delay_ms=router_delay_ms, think_ms=think_ms,
@@ -178,7 +191,8 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         upstream_max_connections=upstream_max_connections, upstream_source=upstream_source,
         router_protocol=router_protocol, origin_protocol=origin_protocol,
         request_ids=request_ids, server_timing=server_timing, netns=netns, ramp=ramp,
-        router_budget_per_s=router_budget, router_queue_limit=router_queue)
+        router_budget_per_s=router_budget, router_queue_limit=router_queue,
+        http3=http3, client_protocol=client_protocol)
     err = stderr_console()
     if ramp is not None:
         budget = (f", router budget {router_budget:g}/s, queue {router_queue}"

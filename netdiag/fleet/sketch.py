@@ -40,6 +40,7 @@ DEFAULT_RELATIVE_ACCURACY = 0.01
 PERCENTILE_FIELDS: dict[str, tuple[str, ...]] = {
     "dns_latency": ("dns", "latency_ms"),
     "tcp_rtt": ("tcp", "handshake_rtt_ms"),
+    "quic_rtt": ("quic", "handshake_rtt_ms"),
     "tls_ms": ("tls", "handshake_ms"),
     "http_per_conn": ("http", "requests_per_connection"),
     "http_ttfb": ("http", "ttfb_ms"),
@@ -214,8 +215,11 @@ class SketchedSummary(SummaryBuilder):
         for name, where in PERCENTILE_FIELDS.items():
             target: Any = doc
             for part in where[:-1]:
-                target = target[part]
-            target[where[-1]] = saved[name].block()
+                target = target.get(part)
+                if target is None:  # a block only some summaries have (quic)
+                    break
+            else:
+                target[where[-1]] = saved[name].block()
         gaps = saved["stream_gaps"]
         doc["http"]["streaming"]["longest_stall_ms"] = gaps.max if gaps.count else None
         out: Any = doc

@@ -16,9 +16,11 @@ finished by :meth:`FlowTable.sweep`.
 
 from __future__ import annotations
 
+import heapq
 import socket
 import zlib
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from netdiag.flows.defrag import Defragmenter
 from netdiag.flows.dns_shape import looks_like_dns
@@ -47,12 +49,38 @@ FOREIGN_CACHE_MAX = 1 << 17
 """Flow keys of other shards remembered (then forgotten at the next sweep) so that their
 packets skip the shard hash."""
 
+QUIC_PORTS = frozenset({443, 4433, 8443})
+"""UDP ports read as QUIC (a packet with the QUIC fixed bit); on other ports only a long
+header of a known version is."""
+QUIC_VERSIONS = frozenset({0x00000001, 0x6B3343CF, 0xFF00001D})
+"""QUIC versions recognised in a long header on any port (v1, v2, draft-29)."""
+MAX_QUIC_SERVERS = 4096
+"""QUIC server end points on other ports remembered; beyond, only long headers route."""
+UDP_SESSION_IDLE_NS = 120 * 1_000_000_000
+"""A UDP session (QUIC connection) with no packet for this long is finished (``idle``)."""
+
 ETH_VLAN = (0x8100, 0x88A8, 0x9100)
 IPV6_EXT = (0, 43, 60, 51, 44)
 """IPv6 extension headers walked before TCP/UDP: hop-by-hop, routing, destination
 options, AH and the fragment header."""
 
 UdpHandler = Callable[[int, str, str, bytes, int], None]
+
+
+class UdpSession(Protocol):
+    """A connection over UDP (QUIC) that the table numbers and finishes with the TCP ones."""
+
+    conn: Connection
+
+    def finish(self, ts: int, reason: str) -> None:
+        """The connection ends (``reason``: ``idle``, ``open`` at the end of input)."""
+
+
+def _created_order(conn: Connection) -> int:
+    """Creation order of a connection: its number (``C12``, or ``#packet`` in a shard)."""
+    return int(conn.id[1:])
+
+
 Decider = Callable[[TcpFlow, bytes], "StreamAnalyzer | None"]
 ConnectionSink = Callable[[TcpFlow], None]
 
@@ -123,8 +151,17 @@ class FlowTable:
         packets this shard keeps)."""
         self.in_sweep = False
         """True while :meth:`sweep` runs."""
-        self.finishing: TcpFlow | None = None
+        self.finishing: TcpFlow | UdpSession | None = None
         """The connection :meth:`_finish` is finishing (or finished last)."""
+        self.on_quic: UdpHandler | None = None
+        """Where QUIC datagrams go (``ts, src, dst, payload, packet``); None: dropped."""
+        self.quic_servers: set[bytes] = set()
+        """QUIC server end points (address and port bytes) found on ports other than
+        :data:`QUIC_PORTS`, from the client's Initial (the same in every shard)."""
+        self.sessions: dict[str, UdpSession] = {}
+        """Open UDP sessions (QUIC connections), by connection id, in creation order."""
+        self.on_session: Callable[[UdpSession], None] | None = None
+        """Called with each finished UDP session."""
 
     # -- scanning ---------------------------------------------------------------------
     def scan(self, packets: Iterable[tuple[int, int, bytes, int]], first_number: int = 1) -> None:
@@ -303,6 +340,9 @@ class FlowTable:
         sport = (data[l4] << 8) | data[l4 + 1]
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         ports = self.dns_ports
+        if (self.on_quic is not None and sport not in ports and dport not in ports
+                and self._quic(data, addr, alen, l4, end, sport, dport, ts, pkt)):
+            return
         if sport in ports or dport in ports or (
                 self.dns_heuristic and self._dns_elsewhere(data, addr, alen, l4, end,
                                                            sport, dport)):
@@ -316,6 +356,65 @@ class FlowTable:
             src = endpoint(_ntop(addr[:alen]), sport)
             dst = endpoint(_ntop(addr[alen:]), dport)
             self.on_dns_udp(ts, src, dst, bytes(data[l4 + 8:end]), pkt)
+
+    def _quic(self, data: bytes, addr: bytes, alen: int, l4: int, end: int, sport: int,
+              dport: int, ts: int, pkt: int) -> bool:
+        """Route a QUIC datagram to ``on_quic``; False when it is not QUIC.
+
+        On :data:`QUIC_PORTS` a payload with the fixed bit (or a Version Negotiation
+        long header) is QUIC; elsewhere only a long header of a known version. Sharded,
+        the server end point (its address and port) picks the shard, so that a client
+        that migrates to another address or port stays in the shard of its connection.
+        """
+        p = l4 + 8
+        if p >= end:
+            return False
+        first = data[p]
+        long = bool(first & 0x80)
+        src_ep = addr[:alen] + data[l4:l4 + 2]
+        dst_ep = addr[alen:] + data[l4 + 2:l4 + 4]
+        servers = self.quic_servers
+        src_known = bool(servers) and src_ep in servers
+        dst_known = bool(servers) and dst_ep in servers
+        if sport in QUIC_PORTS or dport in QUIC_PORTS or src_known or dst_known:
+            if not first & 0x40 and not (long and end - p >= 7
+                                         and data[p + 1:p + 5] == b"\0\0\0\0"):
+                return False
+        else:
+            if not long or end - p < 7:
+                return False
+            version = int.from_bytes(data[p + 1:p + 5], "big")
+            if version not in QUIC_VERSIONS:
+                return False
+            # an Initial between two unknown end points comes from the client
+            initial_bits = 0x10 if version == 0x6B3343CF else 0x00
+            if first & 0x30 == initial_bits and len(servers) < MAX_QUIC_SERVERS:
+                servers.add(dst_ep)
+                dst_known = True
+        handler = self.on_quic
+        if handler is None:
+            return False
+        shard = self.shard
+        if shard is not None:
+            if src_known or dst_known:
+                src_server = src_known
+            else:
+                src_server = (sport in QUIC_PORTS and dport not in QUIC_PORTS) or (
+                    (sport in QUIC_PORTS) == (dport in QUIC_PORTS) and sport < dport)
+            if zlib.crc32(src_ep if src_server else dst_ep) % shard[1] != shard[0]:
+                return True
+            self.current = pkt
+        src = endpoint(_ntop(addr[:alen]), sport)
+        dst = endpoint(_ntop(addr[alen:]), dport)
+        handler(ts, src, dst, bytes(data[p:end]), pkt)
+        return True
+
+    def new_session(self, session: UdpSession) -> str:
+        """Number a new UDP session with the TCP connections and keep it until finished."""
+        self.connections += 1
+        cid = f"C{self.connections}" if self.shard is None else f"#{self.current}"
+        self.sessions[cid] = session
+        return cid
 
     def _dns_elsewhere(self, data: bytes, addr: bytes, alen: int, l4: int, end: int,
                        sport: int, dport: int) -> bool:
@@ -408,8 +507,17 @@ class FlowTable:
             idle = now_ns - conn.last_ns
             if idle > IDLE_TIMEOUT_NS or (conn.close != "open" and idle > CLOSED_LINGER_NS):
                 done.append(flow)
-        for flow in done:
-            self._finish(flow, now_ns, "idle")
+        ended: list[UdpSession] = []
+        for session in self.sessions.values():
+            conn = session.conn
+            idle = now_ns - conn.last_ns
+            if idle > UDP_SESSION_IDLE_NS or (conn.close != "open" and idle > CLOSED_LINGER_NS):
+                ended.append(session)
+        if ended:
+            self._finish_in_order(done, ended, now_ns, "idle")
+        else:
+            for flow in done:
+                self._finish(flow, now_ns, "idle")
         self.defrag.expire(now_ns)
         for hook in self.sweep_hooks:
             hook(now_ns)
@@ -428,12 +536,42 @@ class FlowTable:
         flow.finish(ts, reason)
         self.on_connection(flow)
 
+    def _finish_session(self, session: UdpSession, ts: int, reason: str) -> None:
+        self.finishing = session
+        self.sessions.pop(session.conn.id, None)
+        session.finish(ts, reason)
+        if self.on_session is not None:
+            self.on_session(session)
+
+    def _finish_in_order(self, flows: list[TcpFlow], sessions: list[UdpSession], ts: int,
+                         reason: str) -> None:
+        """Finish TCP flows and UDP sessions together in creation order (as numbered);
+        ``ts`` -1: each at its last packet."""
+        tcp = [(_created_order(f.conn), 0, i) for i, f in enumerate(flows)]
+        udp = [(_created_order(s.conn), 1, i) for i, s in enumerate(sessions)]
+        tcp.sort()
+        udp.sort()
+        for _n, kind, i in heapq.merge(tcp, udp):
+            if kind == 0:
+                flow = flows[i]
+                self._finish(flow, flow.conn.last_ns if ts < 0 else ts, reason)
+            else:
+                session = sessions[i]
+                self._finish_session(session, session.conn.last_ns if ts < 0 else ts,
+                                     reason)
+
     def finish_all(self) -> None:
         """End of input: finish every connection still in the table."""
         seen: set[int] = set()
+        flows: list[TcpFlow] = []
         for flow, _d in list(self.flows.values()):
             if id(flow) in seen:
                 continue
             seen.add(id(flow))
+            flows.append(flow)
+        if self.sessions:
+            self._finish_in_order(flows, list(self.sessions.values()), -1, "open")
+            return
+        for flow in flows:
             self._finish(flow, flow.conn.last_ns, "open")
 

@@ -253,9 +253,12 @@ class _RampPool:
 class Driver:
     """Runs the load of one ``drive()``."""
 
-    def __init__(self, p: P.LabParams, ctx: ssl.SSLContext) -> None:
+    def __init__(self, p: P.LabParams, ctx: ssl.SSLContext, ca_pem: bytes | None = None
+                 ) -> None:
         self.p = p
         self.ctx = ctx
+        self.ca_pem = ca_pem
+        """The lab's CA (PEM): what the h3 client trusts (``client_protocol="h3"``)."""
         self.ledger = Ledger()
         self.topology = P.Topology(p.origins)
         self._dns_cache: dict[tuple[str, str], asyncio.Future[str]] = {}
@@ -355,6 +358,8 @@ class Driver:
                     "headers": {h: resp.headers.get(h) for h in HOP_HEADERS},
                     "client_ttfb_ms": round((first - started) * 1000, 3),
                     "client_total_ms": round((time.perf_counter() - started) * 1000, 3)})
+                if self.p.http3:  # the edge advertises its HTTP/3 listener
+                    record["headers"]["alt-svc"] = resp.headers.get("alt-svc")
                 if req.sse:
                     record["events"] = events
                 conn = self.ledger.connection(req.path, client_ep, f"{ip}:{port}", name,
@@ -438,7 +443,113 @@ class Driver:
             await self._ramp()
             return
         reqs = plan(self.p)
-        await asyncio.gather(self._roc(reqs["ROC"]), self._dpf(reqs["DPF"]))
+        roc = self._roc_h3 if self.p.client_protocol == "h3" else self._roc
+        await asyncio.gather(roc(reqs["ROC"]), self._dpf(reqs["DPF"]))
+
+    # ------------------------------------------------------------------ HTTP/3
+
+    async def _roc_h3(self, reqs: list[PlannedRequest]) -> None:
+        """The ROC path over HTTP/3 (QUIC from ``127.0.0.2`` to the edge): one
+        connection shared by the workers (``roc_keepalive``), else one per request."""
+        from netdiag.lab.h3 import H3Client
+
+        p = self.p
+        if p.nx_lookup:
+            answers = await self.lookup(P.NX_NAME, P.ROC_CLIENT_IP, "udp", "ROC")
+            if answers:
+                raise LabError(f"{P.NX_NAME} unexpectedly resolved to {answers}")
+        shared: list[H3Client] = []
+        opening = asyncio.Lock()
+        queue: asyncio.Queue[PlannedRequest] = asyncio.Queue()
+        for r in reqs:
+            queue.put_nowait(r)
+
+        async def fresh(ip: str) -> H3Client:
+            return await H3Client.open(ip, P.EDGE_PORT, P.EDGE_NAME, self.ca_pem,
+                                       P.ROC_CLIENT_IP, p.client_timeout_s)
+
+        async def pooled(ip: str) -> H3Client:
+            async with opening:
+                if not shared or shared[-1].closed:
+                    shared.append(await fresh(ip))
+                return shared[-1]
+
+        async def worker() -> None:
+            while not queue.empty():
+                req = queue.get_nowait()
+                ip = await self.resolve(P.EDGE_NAME, P.ROC_CLIENT_IP, "udp", "ROC")
+                if p.roc_keepalive:
+                    await self._h3_request(pooled, req, ip, own=False)
+                else:
+                    await self._h3_request(fresh, req, ip, own=True)
+                if p.request_gap_ms:
+                    await asyncio.sleep(p.request_gap_ms / 1000)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(p.concurrency, len(reqs)))))
+        finally:
+            await asyncio.gather(*(c.aclose() for c in shared), return_exceptions=True)
+
+    async def _h3_request(self, connect: Any, req: PlannedRequest, ip: str, own: bool
+                          ) -> None:
+        """One ROC request over HTTP/3, recorded as the HTTP/2 ones are, plus the
+        epoch nanoseconds of its HEADERS handed to QUIC (``request_ns``) and of the
+        datagrams that brought the answer's first and last byte."""
+        p = self.p
+        loop = asyncio.get_running_loop()
+        name, port = P.EDGE_NAME, P.EDGE_PORT
+        record: dict[str, Any] = {"request_id": req.rid, "path": req.path,
+                                  "kind": "sse" if req.sse else "json", "method": "POST",
+                                  "url_path": req.url_path, "model": req.model,
+                                  "user": req.user, "sni": name, "server": f"{ip}:{port}",
+                                  "protocol": "h3", "scheduled_ts": None,
+                                  "sent_ts": round(time.time(), 6)}
+        body = json.dumps(req.body(), separators=(",", ":")).encode()
+        headers = self._ramp_headers(req, name, body)
+        started = loop.time()
+        conn: Any = None
+        try:
+            conn = await connect(ip)
+            record["request_ns"] = time.time_ns()
+            ex = conn.start(headers, body)
+            status, resp_headers = await asyncio.wait_for(ex.response(), p.client_timeout_s)
+
+            async def read() -> list[bytes]:
+                return [chunk async for chunk in ex.body()]
+
+            chunks = await asyncio.wait_for(read(), p.client_timeout_s)
+            first = ex.first_byte or (loop.time(), time.time_ns())
+            last = ex.last_byte or (loop.time(), time.time_ns())
+            got = dict(resp_headers)
+            record.update({
+                "status": status, "stream_id": ex.stream_id, "client": conn.local,
+                "headers": {h: got.get(h) for h in HOP_HEADERS},
+                "client_ttfb_ms": round((first[0] - started) * 1000, 3),
+                "client_total_ms": round((last[0] - started) * 1000, 3),
+                "first_byte_ns": first[1], "last_byte_ns": last[1]})
+            events = 0
+            if req.sse and status == 200:
+                events = sum(1 for line in b"".join(chunks).split(b"\n")
+                             if line.startswith(b"data:"))
+                record["events"] = events
+            rec = self.ledger.connections.get(conn.local)
+            if rec is None:
+                rec = self.ledger.connections[conn.local] = {
+                    "path": req.path, "client": conn.local, "server": f"{ip}:{port}",
+                    "sni": name, "transport": "quic", "tls_version": "TLS 1.3",
+                    "cipher": conn.cipher, "alpn": "h3", "resumed": False, "requests": []}
+            entry = {"method": "POST", "path": req.url_path, "status": status,
+                     "stream_id": ex.stream_id, "request_id": req.rid}
+            if req.sse:
+                entry["events"] = events
+            rec["requests"].append(entry)
+        except Exception as exc:
+            record.update({"status": None, "error": repr(exc)})
+            self.ledger.errors.append(f"{req.rid}: {exc!r}")
+        finally:
+            if own and conn is not None:
+                await conn.aclose()
+        self.ledger.requests.append(record)
 
     # ------------------------------------------------------------------ ramp
 

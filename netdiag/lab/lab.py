@@ -267,7 +267,7 @@ class Lab:
         p = self.params
         self.servers.command("edge", "reset")
         self.servers.command("router", "reset")
-        driver = Driver(p, self._client_ctx)
+        driver = Driver(p, self._client_ctx, self._ca_pem)
         started = time.monotonic()
         remaining = self._remaining()
 
@@ -362,6 +362,9 @@ class Lab:
         requests = sorted(led.requests, key=lambda r: r["request_id"])
         extra: dict[str, Any] = {}
         p = self.params
+        if p.http3:  # the clients' QUIC connections (the edge's UDP port)
+            extra["quic_connections"] = {
+                "clients": sum(1 for c in conns if c.get("transport") == "quic")}
         if p.ramp is not None:
             from netdiag.lab.ramp import ramp_summary
 
@@ -389,7 +392,8 @@ class Lab:
             "tls_versions": dict(sorted(tls_versions.items())),
             "tls_resumed": sum(1 for c in conns if c["resumed"]),
             "tcp_connections": {
-                "clients": len(conns), "edge_router": len(edge["router_connections"]),
+                "clients": sum(1 for c in conns if c.get("transport") != "quic"),
+                "edge_router": len(edge["router_connections"]),
                 "router_origin": len(router["upstream"]),
                 "router_redis": len(router["redis_clients"]),
                 "dns": sum(1 for d in led.dns if d["transport"] == "tcp")},
@@ -408,7 +412,7 @@ class Lab:
         dpf_tls = "TLS 1.2" if p.dpf_tls == "1.2" else "TLS 1.3"
         router_proto = "http/1.1" if p.router_protocol == "http1" else "h2c"
         origin_proto = "http/1.1" if p.origin_protocol == "http1" else "h2"
-        return {
+        out = {
             "dns": {"address": f"{P.DNS_IP}:{P.DNS_PORT}", "transports": ["udp", "tcp"]},
             "edge": {"name": P.EDGE_NAME, "address": f"{P.EDGE_IP}:{P.EDGE_PORT}",
                      "tls": "TLS 1.3", "protocol": "h2",
@@ -427,6 +431,12 @@ class Lab:
                             for ip, n in self.topology.dpf_origins],
             "clients": {"roc": P.ROC_CLIENT_IP, "dpf": P.DPF_CLIENT_IP},
         }
+        if p.http3:
+            out["edge"]["http3"] = {"address": f"{P.EDGE_IP}:{P.EDGE_PORT}",
+                                    "transport": "udp", "alpn": "h3",
+                                    "alt_svc": f'h3=":{P.EDGE_PORT}"'}
+            out["clients"]["roc_protocol"] = p.client_protocol
+        return out
 
 
 def sibling(out: Path, suffix: str) -> Path:

@@ -21,6 +21,7 @@ LOOPBACK_SOURCE_IP = "127.0.0.1"
 UPSTREAM_SOURCES = ("own", "loopback")
 ROUTER_PROTOCOLS = ("h2c", "http1")
 ORIGIN_PROTOCOLS = ("h2", "http1")
+CLIENT_PROTOCOLS = ("h2", "h3")
 CORRELATION_HEADERS = ("x-request-id", "x-correlation-id", "request-id", "traceparent")
 """Headers that tie a request to its hops; none of them is sent with ``request_ids=False``."""
 MAX_ORIGINS = 9
@@ -175,6 +176,15 @@ class LabParams:
     router_queue_limit: int = 50
     """Requests that may wait in the router's queue (``router_budget_per_s``); one more
     is refused with 429."""
+    http3: bool = False
+    """The edge also serves HTTP/3 (QUIC, aioquic) on UDP at its address and port
+    (``127.0.0.10:443``), with the lab's certificate and key log, and advertises it
+    with ``alt-svc: h3=":443"`` on its HTTP/2 (and HTTP/1.1) answers. An h3 request
+    is handled exactly as an h2 one (``netdiag.lab.h3``)."""
+    client_protocol: str = "h2"
+    """What the ROC clients speak to the edge: ``h2`` (httpx, TLS over TCP) or ``h3``
+    (QUIC from ``127.0.0.2``; implies ``http3``). DPF clients speak HTTP/2 to the
+    origins either way."""
 
     def __post_init__(self) -> None:
         if self.requests < 0:
@@ -231,6 +241,15 @@ class LabParams:
             raise ValueError("router_budget_per_s must be > 0")
         if self.router_queue_limit < 0:
             raise ValueError("router_queue_limit must be >= 0")
+        if self.client_protocol not in CLIENT_PROTOCOLS:
+            raise ValueError(f"client_protocol must be one of {', '.join(CLIENT_PROTOCOLS)}")
+        if self.client_protocol == "h3":
+            if self.ramp is not None:
+                raise ValueError("client_protocol 'h3' does not drive ramps (yet): use h2")
+            if self.roc_resume:
+                raise ValueError("client_protocol 'h3' has no TLS resumption request: "
+                                 "drop roc_resume")
+            self.http3 = True
 
     def source_ip(self, own: str) -> str:
         """The address a proxy whose own address is ``own`` connects upstream from."""

@@ -55,6 +55,9 @@ class _Role:
         self.router: Any = None
         self.apps: list[Any] = []
         self.cleartext = "h2"
+        self.h3_sock: socket.socket | None = None
+        self.h3_files: tuple[Path, Path, Path | None] | None = None
+        """The edge's UDP socket and (chain, key, key log) of its HTTP/3 listener."""
         """What the role's cleartext listening sockets speak (the router's: h2c or http1)."""
         tcp = socket.SOCK_STREAM
         try:
@@ -66,6 +69,10 @@ class _Role:
                 self.edge = Edge(p)
                 ctx = server_ssl_context(chain, key, tls12_only=False)
                 self.lean.append((self.edge.handle, [sock], ctx))
+                if p.http3:  # HTTP/3 on the same address and port, UDP
+                    self.h3_sock = self._keep(
+                        listening_socket(P.EDGE_IP, P.EDGE_PORT, socket.SOCK_DGRAM))
+                    self.h3_files = (chain, key, keylog)
             elif role == "router":
                 sock = self._keep(listening_socket(P.ROUTER_IP, P.ROUTER_PORT, tcp))
                 ca_pem = Path(cfg["ca"]).read_bytes()
@@ -153,15 +160,29 @@ class _Role:
                                         P.RAMP_MAX_STREAMS if ramp else None,
                                         P.RAMP_CONNECTION_WINDOW if ramp else None)
                 for handler, socks, ctx in self.lean]
+        h3 = h3_keylog = None
+        if self.h3_sock is not None and self.h3_files is not None:
+            from netdiag.lab.h3 import H3Server, open_keylog, server_configuration
+
+            chain, key, keylog = self.h3_files
+            h3_keylog = open_keylog(keylog)
+            h3 = H3Server(self.edge.handle, self.h3_sock,
+                          server_configuration(chain, key, h3_keylog))
+            await h3.start()
         await asyncio.sleep(0)
         ready()
         try:
             await stop.wait()
+            if h3 is not None:
+                with contextlib.suppress(Exception):
+                    await h3.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.close_pools(), 3)
             for servers, conns in lean:
                 await stop_h2_server(servers, conns)
         finally:
+            if h3_keylog is not None:
+                h3_keylog.close()
             if dns_tcp is not None:
                 dns_tcp.close()
                 with contextlib.suppress(Exception):

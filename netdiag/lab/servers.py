@@ -17,7 +17,9 @@ Python per request, which on a small machine would blur the delays the lab injec
   pool of HTTP/1.1 keep-alive connections (``router_protocol="http1"``), from the
   edge's address (or ``127.0.0.1``: ``upstream_source="loopback"``); adds
   ``via: roc-edge`` (and with ``server_timing``, ``server-timing`` and
-  ``x-envoy-upstream-service-time``) to the answer;
+  ``x-envoy-upstream-service-time``) to the answer; with ``http3``, also HTTP/3 on
+  UDP at the same address and port (``netdiag.lab.h3``, the same handler), and
+  ``alt-svc: h3=":443"`` on its HTTP/2 and HTTP/1.1 answers;
 * router: h2c or HTTP/1.1; per request one ``EVALSHA`` of the budget script in Redis
   (or, with ``router_budget_per_s``, of the queue script: the request is then held
   for the wait Redis grants it, or refused with 429), then its coordination time,
@@ -185,6 +187,8 @@ class Edge:
                                  "received_ns": stream.wall_headers, "forwarded_ns": None}
         self.stats.log.append(entry)
         via = [("via", "roc-edge")]
+        if self.p.http3 and getattr(stream, "protocol", None) != "h3":
+            via.append(("alt-svc", f'h3=":{P.EDGE_PORT}"'))  # RFC 7838 / RFC 9114 3.1.1
         authority = stream.header(":authority") or P.EDGE_NAME
         headers = [(":method", stream.method), (":scheme", "http"), (":authority", authority),
                    (":path", stream.path)]

@@ -124,6 +124,9 @@ class PathBudget:
     dns: list[float] = field(default_factory=list)
     tcp: list[float] = field(default_factory=list)
     tls: list[float] = field(default_factory=list)
+    quic: list[float] = field(default_factory=list)
+    """QUIC handshakes of the client-facing QUIC connections (where TCP and TLS stand for
+    a TCP connection; a QUIC connection adds to neither)."""
     think: list[float] = field(default_factory=list)
     estimated: bool = False
     multi_hop: bool = False
@@ -166,8 +169,8 @@ class PathBudget:
         return known + rest
 
     def samples(self, phase: str) -> list[float]:
-        """The samples of a phase name: ``ttfb``, ``dns``, ``tcp``, ``tls``, ``think``,
-        ``transfer`` or ``hop:NAME``."""
+        """The samples of a phase name: ``ttfb``, ``dns``, ``tcp``, ``tls``, ``quic``,
+        ``think``, ``transfer`` or ``hop:NAME``."""
         if phase.startswith("hop:"):
             h = self.hops.get(phase[4:])
             return h.own if h is not None else []
@@ -186,6 +189,7 @@ class PathBudget:
                 "dns_ms": percentiles(self.dns),
                 "tcp_ms": percentiles(self.tcp),
                 "tls_ms": percentiles(self.tls),
+                **({"quic_ms": percentiles(self.quic)} if self.quic else {}),
                 "hops": {h.name: h.to_json() for h in self.ordered_hops()},
                 "think_ms": percentiles(self.think),
                 "transfer_ms": percentiles(self.transfer),
@@ -407,6 +411,10 @@ def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Co
         ips = set()
         for c in conns.values():
             ips.add(split_endpoint(c.server)[0])
+            if c.transport == "udp":
+                if c.tls is not None and c.tls.handshake_ns is not None:
+                    b.quic.append(c.tls.handshake_ns / 1e6)
+                continue
             hs = _ms(c.syn_ns, c.handshake_ack_ns)
             if hs is not None:
                 b.tcp.append(hs)
@@ -434,6 +442,7 @@ PHASE_LABELS = {
     "dns": "DNS lookup",
     "tcp": "TCP handshake",
     "tls": "TLS handshake",
+    "quic": "QUIC handshake",
     "think": "origin think time",
     "transfer": "transfer",
 }
@@ -519,7 +528,7 @@ def compare(a: PathBudget, b: PathBudget, *, seed: int = 0, resamples: int = RES
     out: list[Difference] = []
     b_hops = {h.name for h in b.ordered_hops() if h.own}
     phases: list[tuple[str, bool]] = [("ttfb", False), ("dns", False), ("tcp", False),
-                                      ("tls", False), ("think", False)]
+                                      ("tls", False), ("quic", False), ("think", False)]
     for h in a.ordered_hops():
         if h.own and (only_a_hops or h.name in b_hops):
             phases.append((f"hop:{h.name}", h.name not in b_hops))
@@ -568,7 +577,7 @@ def _pooled(name: str, parts: Sequence[PathBudget]) -> PathBudget:
     for b in parts:
         out.roots.extend(b.roots)
         out.client_connections.extend(b.client_connections)
-        for k in ("ttfb", "ttlb", "transfer", "dns", "tcp", "tls", "think"):
+        for k in ("ttfb", "ttlb", "transfer", "dns", "tcp", "tls", "quic", "think"):
             getattr(out, k).extend(getattr(b, k))
         out.estimated = out.estimated or b.estimated
         out.linked += b.linked

@@ -122,6 +122,8 @@ def _budget_rows(budgets: Sequence[PathBudget]) -> list[tuple[str, str | None,
 
     for key, label in PHASE_ROWS:
         row(label, lambda b, k=key: b.samples(k))
+    if any(b.quic for b in budgets):
+        row("QUIC handshake", lambda b: b.samples("quic"))
     names: list[str] = []
     for b in sorted(budgets, key=lambda b: -len(b.hops)):
         for h in b.ordered_hops():

@@ -7,6 +7,9 @@ client, so it owns sockets and reads the clocks, and keeps both at its edge:
 * :mod:`netdiag.probe.http` -- ``run_http_probe``: DNS, TCP connect, TLS handshake,
   request, first byte, last byte, over HTTP/2 (ssl + h2) or HTTP/1.1, with reuse
   or a fresh connection per request (``netdiag probe``).
+* :mod:`netdiag.probe.http3` -- ``run_http3_probe``: the same over HTTP/3 (QUIC
+  via aioquic on a connected UDP socket): DNS, QUIC handshake, request, first and
+  last byte (``netdiag probe --http3``).
 * :mod:`netdiag.probe.dns` -- ``run_dns_probe``: one question asked repeatedly of
   several servers over UDP or TCP (``netdiag dns``).
 

@@ -138,7 +138,7 @@ from hpack import HPACKDecodingError, InvalidTableSizeError, OversizedHeaderList
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.hpack_decode import HpackDecoder
-from netdiag.protocols.sse import SseCounter, is_event_stream
+from netdiag.protocols.sse import SseCounter, add_events, is_event_stream
 from netdiag.records import Request, ns_to_ts
 
 if TYPE_CHECKING:
@@ -1199,20 +1199,8 @@ class Http2Analyzer:
                                f"events are not counted")
                 elif payload and d.body is not None:
                     start = 1 if d.flags & FLAG_PADDED else 0
-                    counter = st.sse
-                    before = counter.events
-                    counter.feed(last, bytes(d.body[start:start + payload]))
-                    times = counter.event_times
-                    if len(times) > before:
-                        if before == 0:
-                            req.first_event_ns = times[0]
-                        else:
-                            st.gaps.append(times[before] - times[before - 1])
-                        st.gaps.extend(b - a for a, b in zip(times[before:], times[before + 1:],
-                                                             strict=False))
-                        req.sse_events = req.chunks = len(times)
-                        if st.gaps:
-                            req.chunk_gaps_ns = st.gaps
+                    add_events(st.sse, req, st.gaps, last,
+                               bytes(d.body[start:start + payload]))
         elif payload and req.chunks is not None:
             req.chunks += 1
             if st.last_chunk_ns is not None:

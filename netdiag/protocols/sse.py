@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from typing import ClassVar
 
+from netdiag.records import Request
+
 
 class SseCounter:
     """Counts events in one ``text/event-stream`` body."""
@@ -74,6 +76,25 @@ class SseCounter:
         if len(t) < 2:
             return None
         return [b - a for a, b in itertools.pairwise(t)]
+
+
+def add_events(counter: SseCounter, req: Request, gaps: list[int], ts_ns: int,
+               chunk: bytes | bytearray | memoryview) -> None:
+    """Feed one body chunk of an event-stream answer (HTTP/2 DATA, HTTP/3 DATA) and keep
+    ``req``'s figures: ``first_event_ns``, ``sse_events`` (= ``chunks``) and
+    ``chunk_gaps_ns`` (``gaps``, the list the analyzer keeps for this request)."""
+    before = counter.events
+    counter.feed(ts_ns, chunk)
+    times = counter.event_times
+    if len(times) > before:
+        if before == 0:
+            req.first_event_ns = times[0]
+        else:
+            gaps.append(times[before] - times[before - 1])
+        gaps.extend(b - a for a, b in zip(times[before:], times[before + 1:], strict=False))
+        req.sse_events = req.chunks = len(times)
+        if gaps:
+            req.chunk_gaps_ns = gaps
 
 
 def _dispatches(block: bytes | bytearray) -> bool:

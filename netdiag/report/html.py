@@ -76,6 +76,7 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 PHASE_LABELS = {
     "dns_ms": "DNS lookup", "tcp_ms": "TCP handshake", "tls_ms": "TLS handshake",
+    "quic_ms": "QUIC handshake",
     "think_ms": "Origin think time", "transfer_ms": "Transfer (first to last byte)",
 }
 
@@ -528,7 +529,7 @@ def _budget_rows(paths: dict[str, dict[str, Any]]) -> list[tuple[str, tuple[str,
         keys += [k for k, v in ph.items() if _is_block(v) and k not in keys]
     hops = [h for h in _hop_order(paths)
             if any(h in _d(_d(p.get("phases")).get("hops")) for p in paths.values())]
-    first = [k for k in ("dns_ms", "tcp_ms", "tls_ms") if k in keys]
+    first = [k for k in ("dns_ms", "tcp_ms", "tls_ms", "quic_ms") if k in keys]
     rows: list[tuple[str, tuple[str, ...]]] = [
         (PHASE_LABELS.get(k, k), ("phases", k)) for k in first]
     for h in hops:

@@ -85,6 +85,8 @@ def _latency_table(s: dict[str, Any]) -> Table:
     est = " ~" if s["http"]["estimated"] else ""
     _pct_row(t, "DNS answer", s["dns"]["latency_ms"])
     _pct_row(t, "TCP handshake", s["tcp"]["handshake_rtt_ms"])
+    if "quic" in s:
+        _pct_row(t, "QUIC first RTT", s["quic"]["handshake_rtt_ms"])
     _pct_row(t, "TLS handshake", s["tls"]["handshake_ms"])
     _pct_row(t, "First byte" + est, s["http"]["ttfb_ms"])
     _pct_row(t, "Last byte" + est, s["http"]["ttlb_ms"])
@@ -103,6 +105,11 @@ def _counts(s: dict[str, Any]) -> Text:
     text.append("\nTCP ", style="bold")
     text.append(f"{tcp['connections']} connections, {tcp['retransmissions']} retransmissions, "
                 f"{tcp['reset_connections']} reset")
+    quic = s.get("quic")
+    if quic:
+        text.append("\nQUIC ", style="bold")
+        text.append(f"{quic['connections']} connections, {quic['zero_rtt_attempted']} tried "
+                    f"0-RTT, {quic['retries']} Retry, {quic['migrations']} migrations")
     text.append("\nTLS ", style="bold")
     vers = safe_text(", ".join(f"{k} {v}" for k, v in sorted(tls["versions"].items()))
                      ) or "none"
