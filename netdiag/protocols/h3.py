@@ -30,7 +30,12 @@ from typing import Any
 import pylsqpack
 
 from netdiag.protocols.quic_wire import QuicMalformed, varint
-from netdiag.protocols.sse import SseCounter, add_events, is_event_stream
+from netdiag.protocols.sse import (
+    SseCounter,
+    add_events,
+    final_response,
+    response_status,
+)
 from netdiag.records import Request
 
 H3_DATA, H3_HEADERS, H3_SETTINGS, H3_GOAWAY = 0x0, 0x1, 0x4, 0x7
@@ -417,27 +422,13 @@ class Http3:
             req.chunks = 0
         if st.final or headers is None:
             return
-        status = None
-        for name, value in headers:
-            if name == ":status":
-                try:
-                    status = int(value)
-                except ValueError:
-                    status = None
-                break
+        status = response_status(headers)
         if status is not None and 100 <= status < 200:
             return
         st.final = True
-        req.status = status
-        req.response_headers = headers
-        for name, value in headers:
-            if name == "content-type":
-                req.content_type = value
-                break
-        if is_event_stream(req.content_type):
-            st.sse = SseCounter()
-            req.sse_events = 0
-            req.chunks = 0
+        counter = final_response(req, status, headers)
+        if counter is not None:
+            st.sse = counter
 
     def _sse(self, st: _Req, ts: int, chunk: bytes) -> None:
         counter = st.sse

@@ -138,7 +138,12 @@ from hpack import HPACKDecodingError, InvalidTableSizeError, OversizedHeaderList
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.hpack_decode import HpackDecoder
-from netdiag.protocols.sse import SseCounter, add_events, is_event_stream
+from netdiag.protocols.sse import (
+    SseCounter,
+    add_events,
+    final_response,
+    response_status,
+)
 from netdiag.records import Request, ns_to_ts
 
 if TYPE_CHECKING:
@@ -1126,29 +1131,13 @@ class Http2Analyzer:
             req.first_byte_ns = ts
         self._respond(st)
         if not st.final:
-            status = None
             headers = None if fields is None else _header_pairs(fields)
-            if headers is not None:
-                for name, value in headers:
-                    if name == ":status":
-                        try:
-                            status = int(value)
-                        except ValueError:
-                            status = None
-                        break
+            status = response_status(headers)
             if status is None or not 100 <= status < 200:
                 st.final = True
-                req.status = status
-                if headers is not None:
-                    req.response_headers = headers
-                    for name, value in headers:
-                        if name == "content-type":
-                            req.content_type = value
-                            break
-                    if is_event_stream(req.content_type):
-                        st.sse = SseCounter()
-                        req.sse_events = 0
-                        req.chunks = 0
+                counter = final_response(req, status, headers)
+                if counter is not None:
+                    st.sse = counter
         if end_stream:
             self._server_end(st, last)
 

@@ -78,6 +78,38 @@ class SseCounter:
         return [b - a for a, b in itertools.pairwise(t)]
 
 
+def response_status(headers: list[tuple[str, str]] | None) -> int | None:
+    """The ``:status`` of a response's header fields (HTTP/2, HTTP/3), None without one
+    or when it is not a number."""
+    for name, value in headers or ():
+        if name == ":status":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def final_response(req: Request, status: int | None,
+                   headers: list[tuple[str, str]] | None) -> SseCounter | None:
+    """Record a final (non-1xx) response's status and header fields on ``req`` (its
+    ``content_type`` the first ``content-type``); the event counter to feed its body
+    with when it is an event stream (``sse_events`` and ``chunks`` then start at 0)."""
+    req.status = status
+    if headers is None:
+        return None
+    req.response_headers = headers
+    for name, value in headers:
+        if name == "content-type":
+            req.content_type = value
+            break
+    if not is_event_stream(req.content_type):
+        return None
+    req.sse_events = 0
+    req.chunks = 0
+    return SseCounter()
+
+
 def add_events(counter: SseCounter, req: Request, gaps: list[int], ts_ns: int,
                chunk: bytes | bytearray | memoryview) -> None:
     """Feed one body chunk of an event-stream answer (HTTP/2 DATA, HTTP/3 DATA) and keep
