@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from netdiag.console import stderr_console
+from netdiag.durations import parse_duration_ns
 
 
 def keylog_paths(paths: tuple[str, ...] | list[str], doing: str = "reporting") -> list[str]:
@@ -130,27 +131,29 @@ def limit_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def parse_duration_ns(text: str) -> int:
-    """``500ms``, ``1s``, ``2m``, ``1h`` or bare seconds -> ns (``netdiag.durations``)."""
-    from netdiag.durations import parse_duration_ns as parse
+def duration_callback(default: int | None) -> Callable[[Any, Any, str | None], int | None]:
+    """A click callback reading a duration option (``netdiag.durations``) as ns, or
+    ``default`` when the option is not given; a bad value is a usage error."""
 
-    return parse(text)
+    def convert(ctx: Any, param: Any, value: str | None) -> int | None:
+        import click
+
+        if value is None:
+            return default
+        try:
+            return parse_duration_ns(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return convert
 
 
 def interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--interval DURATION`` as ``interval_ns`` (None: chosen from the capture)."""
     import click
 
-    def convert(ctx: Any, param: Any, value: str | None) -> int | None:
-        if value is None:
-            return None
-        try:
-            return parse_duration_ns(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-
     return click.option(
-        "--interval", "interval_ns", callback=convert, metavar="DURATION",
+        "--interval", "interval_ns", callback=duration_callback(None), metavar="DURATION",
         help="Length of the load-over-time intervals (500ms, 1s, 1m). Default: chosen "
              "from the capture's length (at most 60 intervals). With --format jsonl, "
              "time series records are written only when this is given.")(f)
@@ -165,13 +168,7 @@ def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     from netdiag.fleet.sets import DEFAULT_GAP_NS
 
-    def gap(ctx: Any, param: Any, value: str | None) -> int:
-        if value is None:
-            return DEFAULT_GAP_NS
-        try:
-            return parse_duration_ns(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
+    gap = duration_callback(DEFAULT_GAP_NS)
 
     @click.option("--by", "by", type=click.Choice(["host", "file", "set"]),
                   help="Also summarize per host (a capture source), per file or per capture "
