@@ -191,7 +191,10 @@ def _request_at_its_packet(sc: dict[str, Any], conn: dict[str, Any],
     (frame,) = [r for r in rows if abs(_ts(r) - req["ts"]) < 1e-6]
     assert _from_client(frame, sc["port"]) and not frame["quic.long.packet_type"]
     sent = want["sent_ns"] / 1e9
-    assert sent - 2e-4 <= req["ts"] < sent + 0.005
+    # the client's clock brackets its request: read before aioquic queues the stream,
+    # and the response's first byte after (under load the datagram can leave several
+    # ms after the send call, so no fixed delay bounds it)
+    assert sent - 2e-4 <= req["ts"] < want["first_ns"] / 1e9
     (keyless,) = _quic(_report(sc, False))
     estimates_cover(keyless["requests"], [req["ts"]])
     assert keyless["tls"]["handshake_ms"] == conn["tls"]["handshake_ms"]

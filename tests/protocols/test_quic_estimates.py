@@ -314,9 +314,9 @@ def test_live_scenarios_keyless(name: str, tmp_path: Path) -> None:
             assert len(conn["requests"]) == len(e.requests)
             for want, got in zip(conn["requests"], e.requests, strict=True):
                 assert got.first_byte_ns is not None
-                assert abs(got.ts_ns - want["sent_ns"]) <= 1_000_000
-                client_ttfb = want["first_ns"] - want["sent_ns"]
-                assert -1_000_000 <= client_ttfb - (got.first_byte_ns - got.ts_ns) <= 5_000_000
+                # the client's clock readings bracket the wire's request and answer
+                assert want["sent_ns"] - 200_000 <= got.ts_ns < want["first_ns"]
+                assert got.ts_ns < got.first_byte_ns <= want["first_ns"] + 200_000
             continue
         a = _agreement(k.requests, e.requests)
         print(f"{name} {k.client}: {a}")
