@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from netdiag.analysis.findings import Thresholds, build_findings
-from netdiag.analysis.summary import SummaryBuilder
+from netdiag.analysis.summary import NoSummary, SummaryBuilder
 from netdiag.capture.linktypes import linktype_name
 from netdiag.capture.reader import SECRETS_TLS_KEY_LOG, CaptureReader
 from netdiag.capture.sources import open_capture
@@ -78,6 +78,9 @@ class Options:
     """Payload bytes TCP reassembly may hold over all connections."""
     max_dns_open: int = DEFAULT_MAX_DNS_OPEN
     """DNS transactions awaiting an answer at once before the oldest are finished."""
+    summarize: bool = True
+    """Build the result's summary and findings; False where the caller counts the records
+    itself (a fleet's set): the result's summary is then empty."""
 
     def limits(self) -> Limits:
         """Fresh caps for one run (a shard's: its share of each, see ``netdiag.shard``)."""
@@ -106,7 +109,7 @@ class _Run:
         """ClientHello randoms of every TLS connection (for embedding their keys)."""
         self._tunnels: dict[int, Tunnel] = {}
         """The CONNECT tunnel of each connection that has one, by ``id`` of the connection."""
-        self.summary = SummaryBuilder()
+        self.summary = SummaryBuilder() if options.summarize else NoSummary()
         self.limits = options.limits()
         """Caps over all connections and the hits of every cap (analyzers' included)."""
         self.dns = DnsAnalyzer(self._on_dns, limits=self.limits)

@@ -56,7 +56,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from netdiag.analysis.findings import build_findings
-from netdiag.analysis.summary import SummaryBuilder
+from netdiag.analysis.summary import NoSummary, SummaryBuilder
 from netdiag.capture.reader import CaptureReader
 from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_limits
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
@@ -131,16 +131,6 @@ def _created(flow: Any) -> int:
     return int(flow.conn.id[1:]) if flow is not None else -1
 
 
-class _NoSummary(SummaryBuilder):
-    """A shard adds nothing up: the parent replays every record through the real one."""
-
-    def add_dns(self, t: DnsTransaction) -> None:
-        pass
-
-    def add_connection(self, c: Connection) -> None:
-        pass
-
-
 class _Facts(CaptureFacts):
     """Records the run's warnings as events (kept in order with the records)."""
 
@@ -201,7 +191,7 @@ class ShardRun(_Run):
         self.expired_last: dict[int, Any] = {}
         """Per sweep: the expiry-order place of the last transaction expired."""
         self.sink = _Recorder(self, sink)
-        self.summary = _NoSummary()
+        self.summary = NoSummary()  # the parent replays every record through its own
         self.facts = _Facts(self)
         self.dns.clock = self.position
         hooks = self.table.sweep_hooks
@@ -531,7 +521,7 @@ def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Me
 def replay(merged: Merged, sink: Sink, options: Options, run0: _Run, res0: Result) -> Result:
     """Feed the merged events to ``sink`` and a summary; the result one process returns."""
     facts = dataclasses.replace(res0.capture, warnings=[], warnings_dropped=0)
-    summary = SummaryBuilder()
+    summary = SummaryBuilder() if options.summarize else NoSummary()
     ids = merged.ids
     dns_rendered = getattr(sink, "dns_rendered", None)
     connection_rendered = getattr(sink, "connection_rendered", None)

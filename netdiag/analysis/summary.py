@@ -314,6 +314,17 @@ class SummaryBuilder:
         return cast(Summary, out)
 
 
+class NoSummary(SummaryBuilder):
+    """Adds nothing up: for a run whose records another summary counts (a flow shard's,
+    replayed by its parent; a fleet's set, counted by the fleet)."""
+
+    def add_dns(self, t: DnsTransaction) -> None:
+        pass
+
+    def add_connection(self, c: Connection) -> None:
+        pass
+
+
 def slow_row(c: Connection) -> dict[str, Any]:
     """What the terminal shows of a connection among the slowest ones."""
     rtt = None

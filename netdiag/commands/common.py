@@ -159,6 +159,17 @@ def interval_option(f: Callable[..., Any]) -> Callable[..., Any]:
              "time series records are written only when this is given.")(f)
 
 
+def _memory_size(ctx: Any, param: Any, value: str) -> int | None:
+    import click
+
+    from netdiag.fleet.memory import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options of a report over a fleet of captures (``netdiag.fleet``,
     ``docs/scale.md``); the command receives them as ``fleet``, a dict."""
@@ -193,6 +204,12 @@ def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
                        "beyond, the summary's percentiles come from mergeable sketches "
                        "(1% relative error, said in summary.sketch) and the document lists "
                        "no records (JSON Lines still streams them). Default: no bound, exact.")
+    @click.option("--max-memory", callback=_memory_size, default="auto", metavar="SIZE",
+                  show_default=True,
+                  help="Memory the listed records may take (estimated from what they hold: "
+                       "4G, 512M); beyond, the summary is sketched as with --max-records. "
+                       "auto: half the memory available at the start; none: no bound. "
+                       "JSON Lines streams its records and is never bounded.")
     @click.option("--set-gap", "set_gap_ns", callback=gap, metavar="DURATION",
                   help="A file of a source starting within this of the previous file's last "
                        "packet continues its capture set (default: 5m, the idle timeout).")
@@ -201,10 +218,11 @@ def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
                        "their sources (captures of the same traffic at several points).")
     @functools.wraps(f)
     def wrapper(*args: Any, by: str | None, executor: str, scheduler: str | None,
-                workers: int | None, max_records: int | None, set_gap_ns: int,
-                one_set: bool, **kwargs: Any) -> Any:
+                workers: int | None, max_records: int | None, max_memory: int | None,
+                set_gap_ns: int, one_set: bool, **kwargs: Any) -> Any:
         kwargs["fleet"] = {"by": by, "executor": executor, "scheduler": scheduler,
                            "workers": workers, "max_records": max_records,
+                           "max_memory": max_memory,
                            "gap_ns": set_gap_ns, "one_set": one_set}
         return f(*args, **kwargs)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from typing import IO, Any
 
@@ -165,7 +167,8 @@ def _fleet_runner(inputs: Any, options: Any, fleet: dict[str, Any], jobs: int | 
     the local executor, no --by/--max-records), else a function of (sink, progress
     callback) running the fleet (``netdiag.fleet``)."""
     plain = ((len(inputs.files) == 1 or fleet["one_set"]) and fleet["executor"] == "local"
-             and not fleet["by"] and fleet["max_records"] is None)
+             and not fleet["by"] and fleet["max_records"] is None
+             and (fmt == "jsonl" or not _records_may_pass(inputs.files, fleet["max_memory"])))
     if plain:
         return None
     from netdiag.fleet import make_plan
@@ -178,11 +181,29 @@ def _fleet_runner(inputs: Any, options: Any, fleet: dict[str, Any], jobs: int | 
     def run(sink: Any, progress: Any) -> Any:
         fo = FleetOptions(executor=fleet["executor"], by=fleet["by"], jobs=jobs,
                           scheduler=fleet["scheduler"], workers=fleet["workers"],
-                          max_records=fleet["max_records"], holds_records=fmt != "jsonl",
+                          max_records=fleet["max_records"], max_memory=fleet["max_memory"],
+                          holds_records=fmt != "jsonl",
                           progress=progress)
         return run_fleet(plan, sink, options, fo)
 
     return run
+
+
+def _records_may_pass(files: list[str], budget: int | None) -> bool:
+    """Could these captures' records pass the memory budget (``netdiag.fleet.memory``)?
+    A URL's size is not asked for here: it goes the fleet's way, which measures."""
+    from netdiag.capture.sources import is_url
+    from netdiag.fleet.memory import may_pass
+
+    if budget is None:
+        return False
+    if any(is_url(f) for f in files):
+        return True
+    total = 0
+    for f in files:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(f)
+    return may_pass(total, budget)
 
 
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],

@@ -30,6 +30,7 @@ from typing import Any
 
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import SummaryBuilder
+from netdiag.fleet.memory import connection_bytes, dns_bytes, human
 from netdiag.fleet.sets import CaptureFile, CaptureSet, Plan
 from netdiag.fleet.sketch import DEFAULT_RELATIVE_ACCURACY, SketchedSummary
 from netdiag.pipeline import Options, analyze
@@ -70,6 +71,9 @@ class FleetOptions:
     max_records: int | None = None
     """Records (connections and DNS transactions) beyond which the summary is sketched
     and a collecting sink is emptied (:mod:`netdiag.fleet.sketch`); None: exact always."""
+    max_memory: int | None = None
+    """Bytes the held records may take (:mod:`netdiag.fleet.memory`'s estimate) before
+    the summary is sketched and a collecting sink emptied; None: no bound."""
     relative_accuracy: float = DEFAULT_RELATIVE_ACCURACY
     holds_records: bool = True
     """The sink keeps every record (json, text...), as opposed to streaming them."""
@@ -86,6 +90,8 @@ class FleetResult:
     omitted: dict[str, int] = dataclasses.field(default_factory=dict)
     """Records not kept for the document once sketched (``connections``, ``dns``)."""
     by: str | None = None
+    trigger: str | None = None
+    """What made the summary sketched: ``max_records`` or ``max_memory``."""
 
 
 Feed = Callable[[Any], Result]
@@ -165,7 +171,10 @@ class _Fleet:
         self.options = fleet
         self.summary: SummaryBuilder = SummaryBuilder()
         self.records = 0
+        self.held_bytes = 0
+        """The estimated memory of the records held so far (``netdiag.fleet.memory``)."""
         self.sketched = False
+        self.trigger: str | None = None
         self.omitted: Counter[str] = Counter()
         self.groups: dict[str, _Group] = {}
         self._set_groups: list[str] = []
@@ -204,12 +213,21 @@ class _Fleet:
         i = max(0, bisect.bisect_right(starts, ts_ns) - 1)
         return self.groups[names[i]]
 
-    def _count(self, kind: str) -> bool:
-        """Count a record; False when the sink is not to keep it (sketched)."""
+    def _count(self, kind: str, cost: int) -> bool:
+        """Count a record of ``cost`` estimated bytes; False when the sink is not to keep
+        it (sketched)."""
         self.records += 1
-        limit = self.options.max_records
-        if not self.sketched and limit is not None and self.records > limit:
-            self._sketch()
+        if not self.sketched:
+            limit = self.options.max_records
+            budget = self.options.max_memory
+            if limit is not None and self.records > limit:
+                self.trigger = "max_records"
+            elif budget is not None and self.options.holds_records:
+                self.held_bytes += cost
+                if self.held_bytes > budget:
+                    self.trigger = "max_memory"
+            if self.trigger is not None:
+                self._sketch()
         if self.sketched and self.options.holds_records:
             self.omitted[kind] += 1
             return False
@@ -230,7 +248,7 @@ class _Fleet:
                     held.clear()
 
     def add_dns(self, index: int, t: DnsTransaction) -> bool:
-        keep = self._count("dns")
+        keep = self._count("dns", dns_bytes(t))
         self.summary.add_dns(t)
         g = self._group_of(index, t.ts_ns)
         if g is not None:
@@ -238,7 +256,7 @@ class _Fleet:
         return keep
 
     def add_connection(self, index: int, c: Connection) -> bool:
-        keep = self._count("connections")
+        keep = self._count("connections", connection_bytes(c))
         self.summary.add_connection(c)
         g = self._group_of(index, c.ts_ns)
         if g is not None:
@@ -311,7 +329,8 @@ def set_options(options: Options, jobs: int) -> Options:
     if options.keylog is not None:
         keylog = KeyLog()
         keylog.merge(options.keylog)
-    return dataclasses.replace(options, keylog=keylog, jobs=jobs, shard=None)
+    return dataclasses.replace(options, keylog=keylog, jobs=jobs, shard=None,
+                               summarize=False)  # the fleet counts the records itself
 
 
 def _in_process(plan: Plan, options: Options, fleet: FleetOptions,
@@ -366,6 +385,8 @@ def run_fleet(plan: Plan, sink: Any, options: Options, fleet: FleetOptions) -> F
             if fleet.progress is not None and fleet.executor != "dask":  # dask: as tasks end
                 fleet.progress(Progress(i + 1, len(sizes), base[i] + sizes[i], total))
     facts = merge_facts(parts, plan.damaged)
+    if acc.trigger is not None:
+        _say_sketched(facts, acc, fleet)
     if options.keylog is not None and keylog is not None:
         options.keylog.merge(keylog)  # as one analysis leaves it: with the blocks' secrets
         keylog = options.keylog
@@ -374,7 +395,24 @@ def run_fleet(plan: Plan, sink: Any, options: Options, fleet: FleetOptions) -> F
     groups = None
     if fleet.by is not None:
         groups = [_group_json(g, plan, facts) for g in acc.groups.values()]
-    return FleetResult(result, groups, acc.sketched, dict(acc.omitted), fleet.by)
+    return FleetResult(result, groups, acc.sketched, dict(acc.omitted), fleet.by,
+                       acc.trigger)
+
+
+def _say_sketched(facts: CaptureFacts, acc: _Fleet, fleet: FleetOptions) -> None:
+    """The limit that made the summary sketched, counted and said in one warning."""
+    pct = f"{fleet.relative_accuracy:.0%}"
+    if acc.trigger == "max_records":
+        why = f"more than {fleet.max_records} records (--max-records)"
+    else:
+        why = (f"records estimated at more than {human(fleet.max_memory or 0)} "
+               "(--max-memory)")
+    what = ("the report lists none of them" if fleet.holds_records
+            else "JSON Lines still lists them all")
+    facts.limits_hit[acc.trigger or ""] = 1
+    facts.limits_hit = dict(sorted(facts.limits_hit.items()))
+    facts.warn(Warning_("limit", f"{why}: percentiles are sketched ({pct} relative "
+                                 f"error, summary.sketch) and {what}"))
 
 
 def _group_json(g: _Group, plan: Plan, facts: CaptureFacts) -> dict[str, Any]:

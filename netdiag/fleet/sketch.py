@@ -60,7 +60,7 @@ def _sketch(relative_accuracy: float) -> Any:
     except ImportError as e:  # pragma: no cover - the scale extra is a test dependency
         from netdiag.errors import InputError
 
-        raise InputError("--max-records needs ddsketch: pip install 'netdiag[scale]'") from e
+        raise InputError("sketched percentiles need ddsketch: pip install ddsketch") from e
     return DDSketch(relative_accuracy=relative_accuracy)
 
 

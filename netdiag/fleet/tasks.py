@@ -68,7 +68,8 @@ def set_options(task: SetTask) -> Options:
         keylog = KeyLog()
         if task.keylog:
             keylog.merge(KeyLog.parse(task.keylog, "--keylog"))
-    return dataclasses.replace(task.options, keylog=keylog, jobs=1, shard=None, progress=None)
+    return dataclasses.replace(task.options, keylog=keylog, jobs=1, shard=None, progress=None,
+                               summarize=False)  # the client's fleet counts the records
 
 
 # -- packing -----------------------------------------------------------------------------

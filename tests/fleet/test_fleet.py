@@ -222,6 +222,15 @@ def test_three_hosts_on_dask(dask_cluster: Any, three_hosts: tuple[Path, Path]) 
     assert got.returncode == 3, got.stderr
     assert got.stdout == serial
     assert str(damaged) in got.stderr.decode()
+    # the memory budget decides on the records' estimate, in the order of the sets,
+    # wherever they ran: the same sketched report
+    serial = report(str(caps), "--format", "json", "--by", "host", "--executor", "serial",
+                    "--max-memory", "1M", code=3)
+    assert json.loads(serial)["capture"]["limits_hit"]["max_memory"] == 1
+    got = run(str(caps), "--format", "json", "--by", "host", "--executor", "dask",
+              "--scheduler", str(dask_cluster.scheduler_file), "--max-memory", "1M")
+    assert got.returncode == 3, got.stderr
+    assert got.stdout == serial
 
 
 def test_one_set_merges_every_source(three_hosts: tuple[Path, Path]) -> None:
