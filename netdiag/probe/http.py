@@ -89,9 +89,10 @@ import socket
 import ssl
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from netdiag import __version__
@@ -907,6 +908,82 @@ def _h1_exchange(conn: _Connection, rec: RequestResult, method: str,
 # --------------------------------------------------------------------------- driver
 
 
+class ProbeConnection(Protocol):
+    """What the request loop needs of a connection (TCP+TLS here, QUIC in ``http3``)."""
+
+    usable: bool
+    remote: str
+    """The server's endpoint (``ip:port``, ``[v6]:port``)."""
+
+    def describe(self, rec: RequestResult) -> None: ...
+
+    def close(self) -> None: ...
+
+
+Conn = TypeVar("Conn", bound=ProbeConnection)
+Rec = TypeVar("Rec", bound=RequestResult)
+
+
+def check_request_options(count: int, timeout: float, method: str,
+                          headers: list[tuple[str, str]] | None
+                          ) -> tuple[str, list[tuple[str, str]]]:
+    """The method (upper case) and headers of a probe, or :class:`InputError`."""
+    if count < 1:
+        raise InputError("--count must be at least 1")
+    if not timeout > 0:
+        raise InputError("--timeout must be positive")
+    method = method.upper()
+    if not method.isalpha():
+        raise InputError(f"bad method {method!r}")
+    hdrs = list(headers or [])
+    for name, value in hdrs:
+        if not name or any(c in name for c in " :\r\n") or any(c in value for c in "\r\n"):
+            raise InputError(f"bad header {name!r}: {value!r}")
+    return method, hdrs
+
+
+def request_loop(count: int, reuse: bool, timeout: float, new_record: Callable[[int], Rec],
+                 open_conn: Callable[[int, Rec, _Deadline], Conn],
+                 exchange: Callable[[Conn, Rec, _Deadline], None]) -> None:
+    """Send ``count`` requests, each timed in its record (``new_record(index)``): on the
+    previous request's connection when ``reuse`` and it is still usable, else on a new
+    one (``open_conn(number, rec, deadline)``, which marks ``ready``); a failure is the
+    record's, and closes the connection. A connection number is used once its
+    endpoints are known (``rec.connection`` set), whether or not its handshake ends."""
+    conn: Conn | None = None
+    opened = 0
+    try:
+        for i in range(1, count + 1):
+            rec = new_record(i)
+            if conn is not None and not (reuse and conn.usable):
+                conn.close()
+                conn = None
+            deadline = _Deadline(timeout)
+            try:
+                with gc_paused():
+                    rec.mark("start")
+                    if conn is not None:
+                        rec.reused = True
+                        rec.resolved = conn.remote.rsplit(":", 1)[0].strip("[]")
+                        conn.describe(rec)
+                        rec.marks["ready"] = rec.marks["start"]
+                    else:
+                        conn = open_conn(opened + 1, rec, deadline)
+                        opened += 1
+                    exchange(conn, rec, deadline)
+            except _Failed as exc:
+                rec.mark("failed")
+                rec.error, rec.failed_phase = exc.message, exc.phase
+                if rec.connection is not None:
+                    opened = max(opened, rec.connection)
+            if conn is not None and (not reuse or not conn.usable or not rec.ok):
+                conn.close()
+                conn = None
+    finally:
+        if conn is not None:
+            conn.close()
+
+
 def run_http_probe(url: str, *, count: int = 1, reuse: bool = True, http1: bool = False,
                    method: str = "GET", keylog: str | Path | None = None,
                    dns_server: str | None = None, connect_to: str | None = None,
@@ -928,18 +1005,8 @@ def run_http_probe(url: str, *, count: int = 1, reuse: bool = True, http1: bool 
     Failures of a request are recorded in it, never raised; a bad URL or option
     raises :class:`InputError`.
     """
-    if count < 1:
-        raise InputError("--count must be at least 1")
-    if not timeout > 0:
-        raise InputError("--timeout must be positive")
-    method = method.upper()
-    if not method.isalpha():
-        raise InputError(f"bad method {method!r}")
+    method, hdrs = check_request_options(count, timeout, method, headers)
     target = _target(url, connect_to)
-    hdrs = list(headers or [])
-    for name, value in hdrs:
-        if not name or any(c in name for c in " :\r\n") or any(c in value for c in "\r\n"):
-            raise InputError(f"bad header {name!r}: {value!r}")
     if dns_server is not None:
         parse_server(dns_server)  # InputError now, not a failure per request
     ctx = _ssl_context(http1, keylog, insecure, cafile) if target.scheme == "https" else None
@@ -955,43 +1022,22 @@ def run_http_probe(url: str, *, count: int = 1, reuse: bool = True, http1: bool 
                              "with --http1.1") from None
     ciphers = _cipher_names(ctx) if ctx is not None else {}
     result = ProbeResult(url=url, method=method, count=count, reuse=reuse, http1=http1)
-    conn: _Connection | None = None
-    opened = 0
-    try:
-        for i in range(1, count + 1):
-            rec = RequestResult(index=i, method=method, url=url)
-            result.requests.append(rec)
-            if conn is not None and not (reuse and conn.usable):
-                conn.close()
-                conn = None
-            deadline = _Deadline(timeout)
-            try:
-                with gc_paused():
-                    rec.mark("start")
-                    if conn is not None:
-                        rec.reused = True
-                        rec.resolved = conn.remote.rsplit(":", 1)[0].strip("[]")
-                        conn.describe(rec)
-                        rec.marks["ready"] = rec.marks["start"]
-                    else:
-                        conn = _open(target, ctx, ciphers, opened + 1, rec, deadline,
-                                     dns_server, http1)
-                        opened += 1
-                        rec.marks["ready"] = (rec.marks.get("tls_end")
-                                              or rec.marks["connect_end"])
-                    if conn.h2 is not None:
-                        _h2_exchange(conn, rec, method, hdrs, deadline)
-                    else:
-                        _h1_exchange(conn, rec, method, hdrs, deadline)
-            except _Failed as exc:
-                rec.mark("failed")
-                rec.error, rec.failed_phase = exc.message, exc.phase
-                if exc.phase in ("connect", "tls") and rec.connection is not None:
-                    opened = max(opened, rec.connection)
-            if conn is not None and (not reuse or not conn.usable or not rec.ok):
-                conn.close()
-                conn = None
-    finally:
-        if conn is not None:
-            conn.close()
+
+    def new_record(i: int) -> RequestResult:
+        rec = RequestResult(index=i, method=method, url=url)
+        result.requests.append(rec)
+        return rec
+
+    def open_conn(number: int, rec: RequestResult, deadline: _Deadline) -> _Connection:
+        conn = _open(target, ctx, ciphers, number, rec, deadline, dns_server, http1)
+        rec.marks["ready"] = rec.marks.get("tls_end") or rec.marks["connect_end"]
+        return conn
+
+    def exchange(conn: _Connection, rec: RequestResult, deadline: _Deadline) -> None:
+        if conn.h2 is not None:
+            _h2_exchange(conn, rec, method, hdrs, deadline)
+        else:
+            _h1_exchange(conn, rec, method, hdrs, deadline)
+
+    request_loop(count, reuse, timeout, new_record, open_conn, exchange)
     return result

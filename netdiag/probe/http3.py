@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from netdiag.errors import InputError
-from netdiag.probe import gc_paused
 from netdiag.probe.dns import endpoint, parse_server, warm_up
 from netdiag.probe.http import (
     NS_PER_MS,
@@ -74,6 +73,8 @@ from netdiag.probe.http import (
     _resolve,
     _Target,
     _target,
+    check_request_options,
+    request_loop,
 )
 
 PHASES3 = ("dns", "handshake", "send", "wait", "ttfb", "transfer", "total")
@@ -279,6 +280,7 @@ def _open(target: _Target, cfg: Any, number: int, rec: H3RequestResult,
         raise _Failed("handshake", _reason(exc, deadline.timeout)) from None
     conn = _QuicConn(number, sock, QuicConnection(configuration=cfg))
     rec.local, rec.remote = conn.local, conn.remote
+    rec.connection = number  # endpoints known even if the handshake fails
     try:
         rec.mark("handshake_start")
         conn.quic.connect(conn.addr, now=time.monotonic())
@@ -384,20 +386,10 @@ def run_http3_probe(url: str, *, count: int = 1, reuse: bool = True, method: str
     secrets (NSS key log). Failures are recorded per request; a bad URL or option
     raises :class:`InputError`.
     """
-    if count < 1:
-        raise InputError("--count must be at least 1")
-    if not timeout > 0:
-        raise InputError("--timeout must be positive")
-    method = method.upper()
-    if not method.isalpha():
-        raise InputError(f"bad method {method!r}")
+    method, hdrs = check_request_options(count, timeout, method, headers)
     target = _target(url, connect_to)
     if target.scheme != "https":
         raise InputError(f"bad URL {url!r}: HTTP/3 needs https://")
-    hdrs = list(headers or [])
-    for name, value in hdrs:
-        if not name or any(c in name for c in " :\r\n") or any(c in value for c in "\r\n"):
-            raise InputError(f"bad header {name!r}: {value!r}")
     if dns_server is not None:
         parse_server(dns_server)
     try:
@@ -410,39 +402,24 @@ def run_http3_probe(url: str, *, count: int = 1, reuse: bool = True, method: str
         warm_up()
     log_file = _open_keylog(keylog)
     result = H3ProbeResult(url=url, method=method, count=count, reuse=reuse, http1=False)
-    conn: _QuicConn | None = None
-    opened = 0
+
+    def new_record(i: int) -> H3RequestResult:
+        rec = H3RequestResult(index=i, method=method, url=url)
+        result.requests.append(rec)
+        return rec
+
+    def open_conn(number: int, rec: H3RequestResult, deadline: _Deadline) -> _QuicConn:
+        conn = _open(target, cfg, number, rec, deadline, dns_server)
+        rec.marks["ready"] = rec.marks["handshake_end"]
+        return conn
+
+    def exchange(conn: _QuicConn, rec: H3RequestResult, deadline: _Deadline) -> None:
+        _exchange(conn, rec, method, hdrs, target, deadline)
+
     try:
         cfg = _configuration(target, log_file, insecure, cafile)
-        for i in range(1, count + 1):
-            rec = H3RequestResult(index=i, method=method, url=url)
-            result.requests.append(rec)
-            if conn is not None and not (reuse and conn.usable):
-                conn.close()
-                conn = None
-            deadline = _Deadline(timeout)
-            try:
-                with gc_paused():
-                    rec.mark("start")
-                    if conn is not None:
-                        rec.reused = True
-                        rec.resolved = conn.addr[0]
-                        conn.describe(rec)
-                        rec.marks["ready"] = rec.marks["start"]
-                    else:
-                        opened += 1
-                        conn = _open(target, cfg, opened, rec, deadline, dns_server)
-                        rec.marks["ready"] = rec.marks["handshake_end"]
-                    _exchange(conn, rec, method, hdrs, target, deadline)
-            except _Failed as exc:
-                rec.mark("failed")
-                rec.error, rec.failed_phase = exc.message, exc.phase
-            if conn is not None and (not reuse or not conn.usable or not rec.ok):
-                conn.close()
-                conn = None
+        request_loop(count, reuse, timeout, new_record, open_conn, exchange)
     finally:
-        if conn is not None:
-            conn.close()
         if log_file is not None:
             log_file.close()
     return result

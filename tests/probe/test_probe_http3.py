@@ -106,8 +106,12 @@ def test_fresh_handshakes_each_time_and_keylog(h3: H3, tmp_path: Path) -> None:
                           cafile=str(h3.cafile), keylog=keylog)
     assert res.succeeded == 2 and res.connections == 2
     assert all(r.stream_id == 0 and not r.reused for r in res.requests)
-    for r in res.requests:  # 3 events 5 ms apart: the transfer spans the gaps
-        assert r.phases_ms()["transfer"] >= 9 and r.response_bytes == 3 * len("data: 0\n\n")
+    for r in res.requests:  # 3 events 5 ms apart: the last byte comes after both gaps
+        # (a loaded machine can read the first event late, which shortens the transfer
+        # but never the time from the request to the last byte)
+        ph = r.phases_ms()
+        assert ph["transfer"] > 0 and ph["ttfb"] + ph["transfer"] >= 2 * 5.0
+        assert r.response_bytes == 3 * len("data: 0\n\n")
     text = keylog.read_text()
     assert text.count("CLIENT_HANDSHAKE_TRAFFIC_SECRET") == 2
     assert "SERVER_TRAFFIC_SECRET_0" in text
