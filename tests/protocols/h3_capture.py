@@ -21,66 +21,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aioquic.asyncio import QuicConnectionProtocol, connect, serve
-from aioquic.h3.connection import H3_ALPN, H3Connection
-from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.asyncio import connect, serve
+from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import QuicEvent
+from h3_peers import H3Client, H3Server
 
 N_FIRST = 4
 BODY = b"x" * 3000
 
 
-class _Server(QuicConnectionProtocol):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.h3: H3Connection | None = None
-
-    def quic_event_received(self, event: QuicEvent) -> None:
-        if self.h3 is None:
-            self.h3 = H3Connection(self._quic)
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived):
-                path = dict(ev.headers).get(b":path", b"/")
-                asyncio.get_running_loop().call_later(0.02, self._answer, ev.stream_id, path)
-
-    def _answer(self, sid: int, path: bytes) -> None:
-        assert self.h3 is not None
-        self.h3.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/plain"),
-                                   (b"x-path", path)])
-        self.h3.send_data(sid, BODY, end_stream=False)
-        self.h3.send_data(sid, b"end", end_stream=True)
-        self.transmit()
+class _Server(H3Server):
+    CHUNKS = (BODY, b"end")
 
 
-class _Client(QuicConnectionProtocol):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.h3 = H3Connection(self._quic)
-        self.waiters: dict[int, asyncio.Future[None]] = {}
-        self.first: dict[int, int] = {}
-
-    def quic_event_received(self, event: QuicEvent) -> None:
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived | DataReceived):
-                self.first.setdefault(ev.stream_id, time.time_ns())
-                if ev.stream_ended:
-                    fut = self.waiters.pop(ev.stream_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(None)
-
-    async def get(self, path: str) -> dict[str, Any]:
-        sid = self._quic.get_next_available_stream_id()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters[sid] = fut
-        sent = time.time_ns()
-        self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
-                                   (b":authority", b"h3.test"), (b":path", path.encode()),
-                                   (b"user-agent", b"netdiag-test")], end_stream=True)
-        self.transmit()
-        await asyncio.wait_for(fut, 5)
-        return {"stream_id": sid, "path": path, "sent_ns": sent,
-                "first_ns": self.first[sid]}
+class _Client(H3Client):
+    AUTHORITY = b"h3.test"
 
 
 def _free_udp_port() -> int:

@@ -45,14 +45,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from aioquic.asyncio import QuicConnectionProtocol, serve
-from aioquic.h3.connection import H3_ALPN, H3Connection
-from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.asyncio import serve
+from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import HandshakeCompleted, QuicEvent
 from aioquic.quic.packet import QuicProtocolVersion
 from aioquic.tls import SessionTicket
+from h3_peers import H3Client, H3Server
 
 SCENARIOS = ("retry", "zero_rtt", "migration", "rebinding", "vn_unknown", "vn_v2")
 GREASE_VERSION = 0x1A2A3A4A
@@ -64,67 +63,11 @@ only long headers of a known version are read as QUIC)."""
 CLIENT_BIND = ("::ffff:127.0.0.1", 0, 0, 0)
 
 
-class _Server(QuicConnectionProtocol):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.h3: H3Connection | None = None
-
-    def quic_event_received(self, event: QuicEvent) -> None:
-        if self.h3 is None:
-            self.h3 = H3Connection(self._quic)
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived):
-                path = dict(ev.headers).get(b":path", b"/")
-                asyncio.get_running_loop().call_later(0.02, self._answer, ev.stream_id, path)
-
-    def _answer(self, sid: int, path: bytes) -> None:
-        assert self.h3 is not None
-        self.h3.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/plain"),
-                                   (b"x-path", path)])
-        self.h3.send_data(sid, BODY, end_stream=True)
-        self.transmit()
+class _Server(H3Server):
+    CHUNKS = (BODY,)
 
 
-class _Client(QuicConnectionProtocol):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.h3 = H3Connection(self._quic)
-        self.waiters: dict[int, asyncio.Future[None]] = {}
-        self.first: dict[int, int] = {}
-        self.status: dict[int, int] = {}
-        self.handshake: HandshakeCompleted | None = None
-        self.handshake_ns: int | None = None
-
-    def quic_event_received(self, event: QuicEvent) -> None:
-        if isinstance(event, HandshakeCompleted):
-            self.handshake, self.handshake_ns = event, time.time_ns()
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived | DataReceived):
-                self.first.setdefault(ev.stream_id, time.time_ns())
-                if isinstance(ev, HeadersReceived):
-                    self.status[ev.stream_id] = int(dict(ev.headers)[b":status"])
-                if ev.stream_ended:
-                    fut = self.waiters.pop(ev.stream_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(None)
-
-    def local_port(self) -> int:
-        return cast(int, self._transport.get_extra_info("sockname")[1])
-
-    async def get(self, path: str) -> dict[str, Any]:
-        sid = self._quic.get_next_available_stream_id()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters[sid] = fut
-        sent = time.time_ns()
-        self.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
-                                   (b":authority", b"quic.test"), (b":path", path.encode()),
-                                   (b"user-agent", b"netdiag-test")], end_stream=True)
-        self.transmit()
-        await asyncio.wait_for(fut, 5)
-        return {"stream_id": sid, "path": path, "sent_ns": sent,
-                "first_ns": self.first[sid], "end_ns": time.time_ns(),
-                "status": self.status.get(sid), "local_port": self.local_port()}
-
+class _Client(H3Client):
     def facts(self) -> dict[str, Any]:
         q = self._quic
         hs = self.handshake
