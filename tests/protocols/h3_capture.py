@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from aioquic.asyncio import connect, serve
 from aioquic.h3.connection import H3_ALPN
 from aioquic.quic.configuration import QuicConfiguration
-from h3_peers import H3Client, H3Server
+from h3_peers import H3Client, H3Server, free_udp_port, tcpdump
 
 N_FIRST = 4
 BODY = b"x" * 3000
@@ -36,14 +31,6 @@ class _Server(H3Server):
 
 class _Client(H3Client):
     AUTHORITY = b"h3.test"
-
-
-def _free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 async def _run(out: Path, port: int) -> list[dict[str, Any]]:
@@ -79,28 +66,9 @@ async def _run(out: Path, port: int) -> list[dict[str, Any]]:
 def make(out: Path) -> dict[str, Any]:
     """Run the exchange under tcpdump; returns the timers (also in ``timers.json``)."""
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_udp_port()
-    exe = shutil.which("tcpdump") or "/usr/bin/tcpdump"
-    pcap = out / "h3.pcap"
-    dump = subprocess.Popen(
-        [exe, "-i", "lo", "-n", "-U", "--immediate-mode", "-s", "0",
-         *(["-Z", "root"] if os.geteuid() == 0 else []), "-w", str(pcap),
-         f"udp port {port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert dump.stderr is not None
-    seen = b""
-    deadline = time.monotonic() + 10
-    while b"listening on" not in seen and time.monotonic() < deadline:
-        line = dump.stderr.readline()
-        if not line:
-            break
-        seen += line
-    time.sleep(0.2)
-    try:
+    port = free_udp_port()
+    with tcpdump(out / "h3.pcap", f"udp port {port}"):
         timers = asyncio.run(_run(out, port))
-        time.sleep(0.3)
-    finally:
-        dump.terminate()
-        dump.wait(10)
     result = {"port": port, "requests": timers}
     (out / "timers.json").write_text(json.dumps(result, indent=1))
     return result

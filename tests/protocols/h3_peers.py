@@ -1,12 +1,19 @@
-"""The aioquic HTTP/3 server and client of the live QUIC captures
-(``h3_capture.py``, ``quic_scenarios.py``): a server that answers every request after a
-fixed think time, and a client that times each request with its own clock
-(``time.time_ns()``)."""
+"""What the live QUIC captures (``h3_capture.py``, ``quic_scenarios.py``) share: an
+aioquic HTTP/3 server that answers every request after a fixed think time, a client that
+times each request with its own clock (``time.time_ns()``), a free UDP port, and tcpdump
+capturing the exchange on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from aioquic.asyncio import QuicConnectionProtocol
@@ -92,3 +99,36 @@ class H3Client(QuicConnectionProtocol):
         return {"stream_id": sid, "path": path, "sent_ns": sent,
                 "first_ns": self.first[sid], "end_ns": time.time_ns(),
                 "status": self.status.get(sid), "local_port": self.local_port()}
+
+
+def free_udp_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """A UDP port free on ``host`` (``port`` itself when given: OSError if taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, port))
+        return cast(int, s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def tcpdump(pcap: Path, bpf: str) -> Iterator[None]:
+    """tcpdump on loopback writing ``pcap`` (packets matching ``bpf``) while the block
+    runs: started once it says it listens, stopped a moment after the block."""
+    exe = shutil.which("tcpdump") or "/usr/bin/tcpdump"
+    dump = subprocess.Popen(
+        [exe, "-i", "lo", "-n", "-U", "--immediate-mode", "-s", "0",
+         *(["-Z", "root"] if os.geteuid() == 0 else []), "-w", str(pcap), bpf],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert dump.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + 10
+    while b"listening on" not in seen and time.monotonic() < deadline:
+        line = dump.stderr.readline()
+        if not line:
+            break
+        seen += line
+    time.sleep(0.2)
+    try:
+        yield
+        time.sleep(0.3)
+    finally:
+        dump.terminate()
+        dump.wait(10)

@@ -35,10 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -51,7 +48,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicProtocolVersion
 from aioquic.tls import SessionTicket
-from h3_peers import H3Client, H3Server
+from h3_peers import H3Client, H3Server, free_udp_port, tcpdump
 
 SCENARIOS = ("retry", "zero_rtt", "migration", "rebinding", "vn_unknown", "vn_v2")
 GREASE_VERSION = 0x1A2A3A4A
@@ -195,43 +192,15 @@ async def _run(name: str, out: Path, port: int) -> list[dict[str, Any]]:
     return conns
 
 
-def _free_udp_port(port: int = 0) -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((HOST, port))  # OSError when ``port`` is taken
-    port = s.getsockname()[1]
-    s.close()
-    return cast(int, port)
-
-
 def make(name: str, out: Path) -> dict[str, Any]:
     """Run scenario ``name`` under tcpdump; returns what the client did (also in
     ``OUTDIR/NAME.json``)."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_udp_port(QUIC_PORT if name == "vn_unknown" else 0)
-    exe = shutil.which("tcpdump") or "/usr/bin/tcpdump"
-    pcap = out / f"{name}.pcap"
-    dump = subprocess.Popen(
-        [exe, "-i", "lo", "-n", "-U", "--immediate-mode", "-s", "0",
-         *(["-Z", "root"] if os.geteuid() == 0 else []), "-w", str(pcap),
-         f"udp port {port} and host {HOST}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert dump.stderr is not None
-    seen = b""
-    deadline = time.monotonic() + 10
-    while b"listening on" not in seen and time.monotonic() < deadline:
-        line = dump.stderr.readline()
-        if not line:
-            break
-        seen += line
-    time.sleep(0.2)
-    try:
+    port = free_udp_port(HOST, QUIC_PORT if name == "vn_unknown" else 0)
+    with tcpdump(out / f"{name}.pcap", f"udp port {port} and host {HOST}"):
         conns = asyncio.run(asyncio.wait_for(_run(name, out, port), 20))
-        time.sleep(0.3)
-    finally:
-        dump.terminate()
-        dump.wait(10)
     result = {"scenario": name, "port": port, "connections": conns}
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
