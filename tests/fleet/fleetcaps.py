@@ -95,6 +95,19 @@ def ring_names(folder: Path, prefix: str, n: int, ext: str = ".pcapng",
     return [folder / f"{prefix}_{i:05d}_{t0 + 100 * i}{ext}" for i in range(1, n + 1)]
 
 
+def rotated_hosts(caps: Path, hosts: str, connections: int, files: int, seed: int) -> Path:
+    """Under ``caps``: a folder ``host-<h>`` per letter of ``hosts``, each holding one
+    generated capture (``connections`` connections, seed ``seed`` + its index) cut into
+    ``files`` ring files (the whole capture beside ``caps``); returns ``caps``."""
+    import jobs_capture as gen
+
+    for i, h in enumerate(hosts):
+        src = caps.parent / f"{h}.pcap"
+        gen.write_mixed(src, connections, seed=seed + i)
+        split_pcap(src, ring_names(caps / f"host-{h}", "ring", files, ".pcap"))
+    return caps
+
+
 def cut_mid_packet(path: Path) -> None:
     """Cut the file inside its last packet record (a capture cut short)."""
     data = path.read_bytes()

@@ -59,11 +59,7 @@ def rotated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
 @pytest.fixture(scope="module")
 def three_hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Three hosts of two rotated files each; host-b's second file is cut mid-packet."""
-    d = tmp_path_factory.mktemp("three") / "caps"
-    for i, h in enumerate("abc"):
-        src = d.parent / f"{h}.pcap"
-        gen.write_mixed(src, 400, seed=100 + i)
-        fc.split_pcap(src, fc.ring_names(d / f"host-{h}", "ring", 2, ".pcap"))
+    d = fc.rotated_hosts(tmp_path_factory.mktemp("three") / "caps", "abc", 400, 2, 100)
     damaged = sorted((d / "host-b").iterdir())[1]
     fc.cut_mid_packet(damaged)
     return d, damaged

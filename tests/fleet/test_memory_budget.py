@@ -26,12 +26,7 @@ def report(*args: str, code: int = 0) -> bytes:
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("budget") / "caps"
-    for i, h in enumerate("ab"):
-        src = d.parent / f"{h}.pcap"
-        gen.write_mixed(src, 300, seed=70 + i)
-        fc.split_pcap(src, fc.ring_names(d / f"host-{h}", "ring", 2, ".pcap"))
-    return d
+    return fc.rotated_hosts(tmp_path_factory.mktemp("budget") / "caps", "ab", 300, 2, 70)
 
 
 def _estimate(doc: dict[str, Any]) -> int:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import fleetcaps as fc
-import jobs_capture as gen
 import pytest
 from click.testing import CliRunner
 
@@ -65,12 +64,7 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two hosts of three rotated files each, connections crossing the cuts."""
-    d = tmp_path_factory.mktemp("s3caps") / "caps"
-    for i, h in enumerate("ab"):
-        src = d.parent / f"{h}.pcap"
-        gen.write_mixed(src, 300, seed=40 + i)
-        fc.split_pcap(src, fc.ring_names(d / f"host-{h}", "ring", 3, ".pcap"))
-    return d
+    return fc.rotated_hosts(tmp_path_factory.mktemp("s3caps") / "caps", "ab", 300, 3, 40)
 
 
 def report(*args: str, code: int = 0) -> dict[str, Any]:
