@@ -264,10 +264,6 @@ def parse_frames(payload: bytes) -> list[Frame]:
             err, p = varint(payload, p)
             final, p = varint(payload, p)
             out.append(Frame(ftype, stream_id=sid, value=err, extra=final))
-        elif ftype == STOP_SENDING:
-            sid, p = varint(payload, p)
-            err, p = varint(payload, p)
-            out.append(Frame(ftype, stream_id=sid, value=err))
         elif ftype == CRYPTO:
             off, p = varint(payload, p)
             ln, p = varint(payload, p)
@@ -299,7 +295,8 @@ def parse_frames(payload: bytes) -> list[Frame]:
                        STREAMS_BLOCKED_BIDI, STREAMS_BLOCKED_UNI, RETIRE_CONNECTION_ID):
             v, p = varint(payload, p)
             out.append(Frame(ftype, value=v))
-        elif ftype in (MAX_STREAM_DATA, STREAM_DATA_BLOCKED):
+        elif ftype in (STOP_SENDING, MAX_STREAM_DATA, STREAM_DATA_BLOCKED):
+            # a stream id and one value: the error code, or the limit
             sid, p = varint(payload, p)
             v, p = varint(payload, p)
             out.append(Frame(ftype, stream_id=sid, value=v))
