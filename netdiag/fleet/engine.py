@@ -30,11 +30,12 @@ from typing import Any
 
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import SummaryBuilder
-from netdiag.fleet.memory import connection_bytes, dns_bytes, human
+from netdiag.fleet.memory import connection_bytes, dns_bytes
 from netdiag.fleet.sets import CaptureFile, CaptureSet, Plan
 from netdiag.fleet.sketch import DEFAULT_RELATIVE_ACCURACY, SketchedSummary
 from netdiag.pipeline import Options, analyze
 from netdiag.records import Connection, DnsTransaction, Warning_, ns_to_ts
+from netdiag.report.units import bytes_text
 from netdiag.result import CaptureFacts, Result
 from netdiag.tls.keylog import KeyLog
 
@@ -405,7 +406,7 @@ def _say_sketched(facts: CaptureFacts, acc: _Fleet, fleet: FleetOptions) -> None
     if acc.trigger == "max_records":
         why = f"more than {fleet.max_records} records (--max-records)"
     else:
-        why = (f"records estimated at more than {human(fleet.max_memory or 0)} "
+        why = (f"records estimated at more than {bytes_text(fleet.max_memory or 0)} "
                "(--max-memory)")
     what = ("the report lists none of them" if fleet.holds_records
             else "JSON Lines still lists them all")

@@ -91,13 +91,3 @@ def parse_size(text: str) -> int | None:
 def may_pass(capture_bytes: int, budget: int | None) -> bool:
     """Could the records of captures of this size pass ``budget``?"""
     return budget is not None and capture_bytes * RECORD_BYTES_PER_CAPTURE_BYTE > budget
-
-
-def human(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if v < 1024 or unit == "GiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    raise AssertionError("unreachable")

@@ -52,6 +52,7 @@ from netdiag.report.svg import (
     timeline_chart,
     waterfall,
 )
+from netdiag.report.units import bytes_text
 
 MAX_WATERFALLS = 50
 """Connections drawn as waterfalls (the slowest ones)."""
@@ -240,12 +241,7 @@ def _int(v: object) -> str:
 
 def _bytes(v: object) -> str:
     x = num(v)
-    if x is None:
-        return "–"
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= div:
-            return f"{x / div:.1f}\u202f{unit}"
-    return f"{x:.0f}\u202fB"
+    return "–" if x is None else bytes_text(x, "\u202f")
 
 
 def _pct(v: object) -> str:

@@ -1,4 +1,5 @@
-"""How durations are written for people: one place, so every table reads alike."""
+"""How durations and sizes are written for people: one place, so every table reads
+alike."""
 
 from __future__ import annotations
 
@@ -29,3 +30,11 @@ def ms_number(v: float | None) -> str:
     if v >= 10:
         return f"{v:.1f}"
     return f"{v:.2f}"
+
+
+def bytes_text(n: float, sep: str = " ") -> str:
+    """A size in binary units: ``512 B``, ``1.5 KiB``, ``300.0 MiB``, ``2.0 GiB``."""
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{sep}{unit}"
+    return f"{n:.0f}{sep}B"
