@@ -164,8 +164,9 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
 def _fleet_runner(inputs: Any, options: Any, fleet: dict[str, Any], jobs: int | None,
                   fmt: str) -> Any:
     """How the captures are analyzed: None for one capture set the plain way (one file,
-    the local executor, no --by/--max-records), else a function of (sink, progress
-    callback) running the fleet (``netdiag.fleet``)."""
+    the local executor, no --by/--max-records, and records that cannot pass
+    --max-memory), else a function of (sink, progress callback) running the fleet
+    (``netdiag.fleet``)."""
     plain = ((len(inputs.files) == 1 or fleet["one_set"]) and fleet["executor"] == "local"
              and not fleet["by"] and fleet["max_records"] is None
              and (fmt == "jsonl" or not _records_may_pass(inputs.files, fleet["max_memory"])))

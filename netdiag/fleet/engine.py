@@ -91,8 +91,6 @@ class FleetResult:
     omitted: dict[str, int] = dataclasses.field(default_factory=dict)
     """Records not kept for the document once sketched (``connections``, ``dns``)."""
     by: str | None = None
-    trigger: str | None = None
-    """What made the summary sketched: ``max_records`` or ``max_memory``."""
 
 
 Feed = Callable[[Any], Result]
@@ -174,8 +172,8 @@ class _Fleet:
         self.records = 0
         self.held_bytes = 0
         """The estimated memory of the records held so far (``netdiag.fleet.memory``)."""
-        self.sketched = False
         self.trigger: str | None = None
+        """What made the summaries sketched (``max_records``, ``max_memory``); None: exact."""
         self.omitted: Counter[str] = Counter()
         self.groups: dict[str, _Group] = {}
         self._set_groups: list[str] = []
@@ -195,6 +193,10 @@ class _Fleet:
                 for f in s.files:
                     self._group(f.name, [f.name])
                 self._file_starts.append((starts, [f.name for f in timed]))
+
+    @property
+    def sketched(self) -> bool:
+        return self.trigger is not None
 
     def _group(self, key: str, files: list[str]) -> _Group:
         g = self.groups.get(key)
@@ -227,7 +229,7 @@ class _Fleet:
                 self.held_bytes += cost
                 if self.held_bytes > budget:
                     self.trigger = "max_memory"
-            if self.trigger is not None:
+            if self.sketched:
                 self._sketch()
         if self.sketched and self.options.holds_records:
             self.omitted[kind] += 1
@@ -237,7 +239,6 @@ class _Fleet:
     def _sketch(self) -> None:
         """From now on: sketched summaries, and no more records held."""
         acc = self.options.relative_accuracy
-        self.sketched = True
         self.summary = SketchedSummary.of(self.summary, acc)
         for g in self.groups.values():
             g.summary = SketchedSummary.of(g.summary, acc)
@@ -386,7 +387,7 @@ def run_fleet(plan: Plan, sink: Any, options: Options, fleet: FleetOptions) -> F
             if fleet.progress is not None and fleet.executor != "dask":  # dask: as tasks end
                 fleet.progress(Progress(i + 1, len(sizes), base[i] + sizes[i], total))
     facts = merge_facts(parts, plan.damaged)
-    if acc.trigger is not None:
+    if acc.sketched:
         _say_sketched(facts, acc, fleet)
     if options.keylog is not None and keylog is not None:
         options.keylog.merge(keylog)  # as one analysis leaves it: with the blocks' secrets
@@ -396,8 +397,7 @@ def run_fleet(plan: Plan, sink: Any, options: Options, fleet: FleetOptions) -> F
     groups = None
     if fleet.by is not None:
         groups = [_group_json(g, plan, facts) for g in acc.groups.values()]
-    return FleetResult(result, groups, acc.sketched, dict(acc.omitted), fleet.by,
-                       acc.trigger)
+    return FleetResult(result, groups, acc.sketched, dict(acc.omitted), fleet.by)
 
 
 def _say_sketched(facts: CaptureFacts, acc: _Fleet, fleet: FleetOptions) -> None:
