@@ -192,6 +192,29 @@ class Node:
     conn: Connection
     index: int
     req: Request
+    ts_ns: int
+    """The request's start (``req.ts_ns``). This and the next four fields are copies
+    that the linker reads from the node itself: nodes are allocated together, records
+    are spread over the whole heap."""
+    fb_ns: int | None
+    """The request's first byte (``req.first_byte_ns``)."""
+    end_ns: int
+    """Its last byte, else its first byte, else its start."""
+    window_end_ns: int
+    """End of the time this request may have caused others: its last byte, or the end
+    of its connection when the answer never ended in the capture."""
+    server: str
+    """The connection's server endpoint."""
+    conn_id: str
+    """The connection's id."""
+    group: tuple[Any, ...] = ()
+    """Set by the linker: the node's group (a profile's hop, else its server)."""
+    kind: tuple[Any, ...] = ()
+    """Set by the linker: what it is (a profile's hop, else RESP or HTTP, and the port)."""
+    rid: str | None = None
+    """Set by the linker: its request id header, if any."""
+    resp: bool = False
+    """Set by the linker: a Redis (RESP) command."""
     parent: Node | None = None
     children: list[Node] = field(default_factory=list)
     link: str | None = None
@@ -211,63 +234,58 @@ class Node:
     """Its connection was opened while the parent waited, for this request: the TCP
     and TLS handshakes count as this hop's setup time."""
 
+    @classmethod
+    def of(cls, conn: Connection, index: int, req: Request) -> Node:
+        """The node of ``conn.requests[index]``."""
+        fb = req.first_byte_ns
+        if req.last_byte_ns is not None:
+            window_end = max(req.last_byte_ns, fb or req.last_byte_ns)
+        else:
+            window_end = max(conn.last_ns, fb or req.ts_ns, req.ts_ns)
+        return cls(conn, index, req, req.ts_ns, fb, req.last_byte_ns or fb or req.ts_ns,
+                   window_end, conn.server, conn.id)
+
     @property
     def key(self) -> tuple[str, int]:
-        return self.conn.id, self.index
+        return self.conn_id, self.index
 
     @property
     def label(self) -> str:
         """``C3#0`` (connection id, request index)."""
-        return f"{self.conn.id}#{self.index}"
-
-    @property
-    def end_ns(self) -> int:
-        r = self.req
-        return r.last_byte_ns or r.first_byte_ns or r.ts_ns
-
-    @property
-    def window_end_ns(self) -> int:
-        """End of the time this request may have caused others: its last byte, or the
-        end of its connection when the answer never ended in the capture."""
-        r = self.req
-        if r.last_byte_ns is not None:
-            return max(r.last_byte_ns, r.first_byte_ns or r.last_byte_ns)
-        return max(self.conn.last_ns, r.first_byte_ns or r.ts_ns, r.ts_ns)
+        return f"{self.conn_id}#{self.index}"
 
     @property
     def start_ns(self) -> int:
         """Start of this node's interval as its parent sees it (setup included)."""
         if self.opened and self.conn.syn_ns is not None:
             return self.conn.syn_ns
-        return self.req.ts_ns
+        return self.ts_ns
 
     @property
     def wait_ns(self) -> int | None:
-        r = self.req
-        return None if r.first_byte_ns is None else r.first_byte_ns - r.ts_ns
+        return None if self.fb_ns is None else self.fb_ns - self.ts_ns
 
     @property
     def setup_ns(self) -> int | None:
         if not self.opened or self.conn.syn_ns is None:
             return None
-        return self.req.ts_ns - self.conn.syn_ns
+        return self.ts_ns - self.conn.syn_ns
 
     def in_wait(self, child: Node) -> bool:
         """The child started before this request's first byte (it delays the answer)."""
-        fb = self.req.first_byte_ns
+        fb = self.fb_ns
         return fb is None or child.start_ns < fb
 
     def _spans(self) -> tuple[int, int, list[tuple[int, int]]] | None:
         """(start, first byte, merged callee intervals within them), None without an
         answer."""
-        r = self.req
-        if r.first_byte_ns is None:
+        if self.fb_ns is None:
             return None
-        lo, hi = r.ts_ns, r.first_byte_ns
+        lo, hi = self.ts_ns, self.fb_ns
         spans = []
         for c in self.children:
             s = max(c.start_ns, lo)
-            e = min(c.req.first_byte_ns if c.req.first_byte_ns is not None else hi, hi)
+            e = min(c.fb_ns if c.fb_ns is not None else hi, hi)
             if e > s:
                 spans.append((s, e))
         spans.sort()
@@ -337,8 +355,8 @@ class Step:
     def to_json(self) -> dict[str, Any]:
         n = self.node
         return {
-            "hop": self.hop, "path": self.path, "server": n.conn.server,
-            "connection": n.conn.id, "request": n.index, "depth": self.depth,
+            "hop": self.hop, "path": self.path, "server": n.server,
+            "connection": n.conn_id, "request": n.index, "depth": self.depth,
             "what": self.what, "wait_ms": _ms(n.wait_ns), "setup_ms": _ms(n.setup_ns),
             "own_ms": _ms(self.own_ns), "in_ttfb": self.in_ttfb, "link": n.link,
             "candidates": n.candidates if n.parent is not None else None,
@@ -394,7 +412,7 @@ class Chains:
     def roots(self) -> list[Node]:
         """Requests no captured request caused, in time order."""
         return sorted((n for n in self.nodes.values() if n.parent is None),
-                      key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
+                      key=lambda n: (n.ts_ns, n.conn_id, n.index))
 
     def node(self, conn_id: str, index: int) -> Node | None:
         return self.nodes.get((conn_id, index))
@@ -444,7 +462,7 @@ class Chains:
 
 
 def _child_order(c: Node) -> tuple[int, str, int]:
-    return c.start_ns, c.conn.id, c.index
+    return c.start_ns, c.conn_id, c.index
 
 
 def _walk_steps(n: Node, depth: int, in_ttfb: bool, out: list[Step]) -> None:
@@ -561,17 +579,17 @@ def _anchor_ns(n: Node, end: bool, child: bool = False) -> int:
     """The time a pair's steadier offset is measured from: the request's first byte
     (a relayed answer) or its start (a call made on arrival; for a call that opened its
     connection, the SYN: the proxy decided to call then)."""
-    if end and n.req.first_byte_ns is not None:
-        return n.req.first_byte_ns
+    if end and n.fb_ns is not None:
+        return n.fb_ns
     if child and n.syn_first_ns is not None:
         return n.syn_first_ns
-    return n.req.ts_ns
+    return n.ts_ns
 
 
 def _order(n: Node, end: bool, child: bool = False) -> tuple[int, int, str, int]:
     """Arrival order: the anchor time, then the start, then (requests that arrived in
     one packet) their order on the connection."""
-    return _anchor_ns(n, end, child), n.req.ts_ns, n.conn.id, n.index
+    return _anchor_ns(n, end, child), n.ts_ns, n.conn_id, n.index
 
 
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
@@ -733,7 +751,7 @@ def _assign(edges: list[_Edge], second: bool,
     for c, e in _assign_ordered(rest, end).items():
         taken[c] = e
         used.add(id(e.parent))
-    edges.sort(key=lambda e: (e.cost, e.child.req.ts_ns, e.parent.req.ts_ns))
+    edges.sort(key=lambda e: (e.cost, e.child.ts_ns, e.parent.ts_ns))
     for e in edges:
         c, p = id(e.child), id(e.parent)
         if c in taken or p in used:
@@ -918,13 +936,13 @@ class _Parents:
 
     @classmethod
     def of(cls, lst: list[Node]) -> _Parents:
-        starts = [n.req.ts_ns for n in lst]
+        starts = [n.ts_ns for n in lst]
         ends = [n.window_end_ns for n in lst]
         longest = max((e - s for s, e in zip(starts, ends, strict=True)), default=0)
-        fb_pos = sorted((k for k, n in enumerate(lst) if n.req.first_byte_ns is not None),
-                        key=lambda k: (lst[k].req.first_byte_ns, k))
-        fbs = [lst[k].req.first_byte_ns or 0 for k in fb_pos]
-        nofb_pos = [k for k, n in enumerate(lst) if n.req.first_byte_ns is None]
+        fb_pos = sorted((k for k, n in enumerate(lst) if n.fb_ns is not None),
+                        key=lambda k: (lst[k].fb_ns, k))
+        fbs = [lst[k].fb_ns or 0 for k in fb_pos]
+        nofb_pos = [k for k, n in enumerate(lst) if n.fb_ns is None]
         return cls(lst, starts, ends, longest, fb_pos, fbs,
                    _Order.of(starts, None, ends, None),
                    _Order.of(fbs, fb_pos, [ends[k] for k in fb_pos],
@@ -977,9 +995,6 @@ class _Linker:
         self.nodes = nodes
         self.trusted = trusted
         self.hop_order = {k: list(v) for k, v in hop_order.items()}
-        self.group: dict[int, tuple[Any, ...]] = {}
-        self.kind: dict[int, tuple[Any, ...]] = {}
-        self.rid: dict[int, str | None] = {}
         self._ips: dict[int, str] = {}
         self.median_wait: dict[tuple[Any, ...], int] = {}
         """Median time to first byte per group (ns)."""
@@ -1018,23 +1033,24 @@ class _Linker:
         self._kept: dict[tuple[int, tuple[Any, ...]],
                          tuple[str, list[_Edge], list[_Edge] | None]] = {}
         for n in nodes:
-            self.group[id(n)] = self._group_of(n)
-            self.kind[id(n)] = self._kind_of(n)
-            self.rid[id(n)] = request_id(n.req)
+            n.group = self._group_of(n)
+            n.kind = self._kind_of(n)
+            n.rid = request_id(n.req)
+            n.resp = is_resp(n.conn, n.req)
 
     @staticmethod
     def _group_of(n: Node) -> tuple[Any, ...]:
         p = n.conn.path
         if p is not None and not p.get("inferred"):
             return ("hop", p["name"], p["hop"])
-        return ("server", n.conn.server)
+        return ("server", n.server)
 
     @staticmethod
     def _kind_of(n: Node) -> tuple[Any, ...]:
         p = n.conn.path
         if p is not None and not p.get("inferred"):
             return ("hop", p["name"], p["hop"])
-        return ("resp" if is_resp(n.conn, n.req) else "http", split_endpoint(n.conn.server)[1])
+        return ("resp" if is_resp(n.conn, n.req) else "http", split_endpoint(n.server)[1])
 
     def _allowed(self, pg: tuple[Any, ...], cg: tuple[Any, ...]) -> tuple[bool, bool]:
         """(may link, declared by the profile's hop order). Undeclared, a group whose
@@ -1074,33 +1090,33 @@ class _Linker:
         hopeless: only links by equal request ids are built for them)."""
         groups: dict[tuple[Any, ...], list[Node]] = defaultdict(list)
         for n in self.nodes:
-            if not is_resp(n.conn, n.req):
-                groups[self.group[id(n)]].append(n)
+            if not n.resp:
+                groups[n.group].append(n)
         waits: dict[tuple[Any, ...], list[int]] = defaultdict(list)
         for n in self.nodes:
             if n.wait_ns is not None:
-                waits[self.group[id(n)]].append(n.wait_ns)
+                waits[n.group].append(n.wait_ns)
         self.median_wait = {g: sorted(w)[len(w) // 2] for g, w in waits.items()}
         for n in self.nodes:
-            g = self.group[id(n)]
+            g = n.group
             self.clients[g].add(self._client_ip(n.conn))
             self.servers[g].add(self._server_ip(n.conn))
         index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], list[int], int]] = {}
         for g, lst in groups.items():
-            lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
+            lst.sort(key=lambda n: (n.ts_ns, n.conn_id, n.index))
             ends = [n.window_end_ns for n in lst]
-            index[g] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends),
-                        max(e - n.req.ts_ns for n, e in zip(lst, ends, strict=True)))
+            index[g] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends),
+                        max(e - n.ts_ns for n, e in zip(lst, ends, strict=True)))
         self._groups = groups
         by_rid: dict[str, list[Node]] = defaultdict(list)
         for n in self.nodes:
-            r = self.rid[id(n)]
-            if r is not None and not is_resp(n.conn, n.req):
+            r = n.rid
+            if r is not None and not n.resp:
                 by_rid[r].append(n)
         for r, lst in by_rid.items():
-            lst.sort(key=lambda n: (n.req.ts_ns, n.conn.id, n.index))
+            lst.sort(key=lambda n: (n.ts_ns, n.conn_id, n.index))
             ends = [n.window_end_ns for n in lst]
-            self._rid_index[r] = (lst, [n.req.ts_ns for n in lst], ends, _block_ends(ends))
+            self._rid_index[r] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends))
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for cg, pgs in self._overlapping_groups(index).items():
             parents_of[cg] = [(pg, declared, *index[pg]) for pg in pgs
@@ -1119,8 +1135,8 @@ class _Linker:
         sub = self._subsets.get(key)
         if sub is None:
             lst = [n for n in self._groups.get(pg, ())
-                   if (not trusted_only or n.conn.id in self.trusted)
-                   and (not without_id or self.rid[id(n)] is None)]
+                   if (not trusted_only or n.conn_id in self.trusted)
+                   and (not without_id or n.rid is None)]
             sub = self._subsets[key] = _Parents.of(lst)
         return sub
 
@@ -1132,14 +1148,14 @@ class _Linker:
         if got is not None:
             return got
         out: dict[tuple[Any, ...], list[Node]] = {}
-        urid = self.rid[id(u)]
+        urid = u.rid
         if urid is not None and urid in self._rid_index:
             same, starts, ends, blocks = self._rid_index[urid]
-            top = bisect_right(starts, u.req.ts_ns)
+            top = bisect_right(starts, u.ts_ns)
             for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
                 p = same[k]
                 if self._contains(p, u):
-                    out.setdefault(self.group[id(p)], []).append(p)
+                    out.setdefault(p.group, []).append(p)
             for lst in out.values():
                 lst.reverse()
         self._same[id(u)] = out
@@ -1151,15 +1167,15 @@ class _Linker:
         key = (id(p), id(u))
         e = self._edges.get(key, _NO_EDGE)
         if e is _NO_EDGE:
-            e = self._edges[key] = self._edge(p, u, pg, cg, declared, self.rid[id(u)])
+            e = self._edges[key] = self._edge(p, u, pg, cg, declared, u.rid)
         return e  # type: ignore[return-value]
 
     def _children_of_pairs(self) -> dict[tuple[Any, Any], list[Node]]:
         """Per pair of groups, the children that may have a candidate in it."""
         out: dict[tuple[Any, Any], list[Node]] = defaultdict(list)
         for u in self.nodes:
-            cg = self.group[id(u)]
-            urid = self.rid[id(u)]
+            cg = u.group
+            urid = u.rid
             for pg, _declared, hopeless in self.pairs_of.get(cg, ()):
                 if hopeless and (urid is None or pg not in self._same_rid(u)):
                     continue
@@ -1179,7 +1195,7 @@ class _Linker:
             marked = self._with_candidates(pair, kids)
             parents[pair[0]].update(marked)
             if marked and (self.pair_info[pair][0]
-                           or any(p.conn.id in self.trusted for p in marked.values())):
+                           or any(p.conn_id in self.trusted for p in marked.values())):
                 self.declared_pairs.add(pair)
         return _estimates(_pair_stats(starts), _pair_stats(ends),
                           {g: list(d.values()) for g, d in parents.items()})
@@ -1194,7 +1210,7 @@ class _Linker:
         pg, cg = pair
         declared, hopeless = self.pair_info[pair]
         if end:
-            kids = [u for u in kids if u.req.first_byte_ns is not None]
+            kids = [u for u in kids if u.fb_ns is not None]
         kids = sorted(kids, key=lambda n: _order(n, end, True))
         future = [0] * len(kids)  # the least end of the children from this one on
         least = None
@@ -1205,14 +1221,13 @@ class _Linker:
         used: set[int] = set()
         links: dict[bool, tuple[_Parents, list[int]]] = {}
         taken: dict[int, _Edge] = {}
-        rid = self.rid
         for i, u in enumerate(kids):
             e = None
-            with_id = rid[id(u)] is not None
+            with_id = u.rid is not None
             if with_id:
                 same = self._same_rid(u).get(pg, ())
                 if end:
-                    same = sorted((p for p in same if p.req.first_byte_ns is not None),
+                    same = sorted((p for p in same if p.fb_ns is not None),
                                   key=lambda p: _order(p, True))
                 for p in same:
                     if id(p) in used:
@@ -1239,7 +1254,7 @@ class _Linker:
 
     def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
                        closed: int, pair: tuple[Any, Any], declared: bool) -> _Edge | None:
-        u_ts, u_end, server = u.req.ts_ns, u.end_ns, u.conn.server
+        u_ts, u_end, server = u.ts_ns, u.end_ns, u.server
         hi = bisect_right(sub.starts, u_ts)
         i = _find(nxt, bisect_left(sub.starts, u_end - sub.longest))
         stepped = 0
@@ -1248,7 +1263,7 @@ class _Linker:
             if id(p) in used or sub.ends[i] < closed:
                 nxt[i] = i + 1
             else:
-                if sub.ends[i] >= u_end and p.conn.server != server:
+                if sub.ends[i] >= u_end and p.server != server:
                     e = self._edge_of(p, u, pair[0], pair[1], declared)
                     if e is not None and e.base < _LATE_PENALTY_MS:
                         self.stepped += stepped
@@ -1262,11 +1277,10 @@ class _Linker:
 
     def _fifo_by_end(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
                      pair: tuple[Any, Any], declared: bool) -> _Edge | None:
-        r = u.req
-        u_ts, u_end, server = r.ts_ns, u.end_ns, u.conn.server
-        assert r.first_byte_ns is not None
+        u_ts, u_end, server, u_fb = u.ts_ns, u.end_ns, u.server, u.fb_ns
+        assert u_fb is not None
         top = bisect_right(sub.fbs, u_ts + sub.longest)
-        j = _find(nxt, bisect_left(sub.fbs, r.first_byte_ns))
+        j = _find(nxt, bisect_left(sub.fbs, u_fb))
         stepped = 0
         while j < top:
             k = sub.fb_pos[j]
@@ -1274,7 +1288,7 @@ class _Linker:
             if id(p) in used:
                 nxt[j] = j + 1
             else:
-                if sub.starts[k] <= u_ts and sub.ends[k] >= u_end and p.conn.server != server:
+                if sub.starts[k] <= u_ts and sub.ends[k] >= u_end and p.server != server:
                     e = self._edge_of(p, u, pair[0], pair[1], declared)
                     if e is not None and e.base < _LATE_PENALTY_MS:
                         self.stepped += stepped
@@ -1298,14 +1312,14 @@ class _Linker:
                 marked[id(p)] = p
         if hopeless:
             return marked
-        plain = [u for u in kids if self.rid[id(u)] is None]
-        with_id = [u for u in kids if self.rid[id(u)] is not None]
+        plain = [u for u in kids if u.rid is None]
+        with_id = [u for u in kids if u.rid is not None]
         for children, parents in ((plain, self._subset(pg, False, False).lst),
                                   (with_id, self._subset(pg, False, True).lst)):
             if not children or not parents:
                 continue
-            children = sorted(children, key=lambda n: n.req.ts_ns)
-            kts = [n.req.ts_ns for n in children]
+            children = sorted(children, key=lambda n: n.ts_ns)
+            kts = [n.ts_ns for n in children]
             least: list[int] = [0] * len(children)
             arg: list[int] = [0] * len(children)
             for i in range(len(children) - 1, -1, -1):
@@ -1315,13 +1329,13 @@ class _Linker:
                 else:
                     least[i], arg[i] = e_ns, i
             for p in parents:
-                i = bisect_left(kts, p.req.ts_ns)
+                i = bisect_left(kts, p.ts_ns)
                 w_end = p.window_end_ns
                 if id(p) in marked or i == len(children) or least[i] > w_end:
                     continue
-                server = p.conn.server
-                if children[arg[i]].conn.server != server or any(
-                        u.end_ns <= w_end and u.conn.server != server
+                server = p.server
+                if children[arg[i]].server != server or any(
+                        u.end_ns <= w_end and u.server != server
                         for u in children[i:i + MAX_SCAN]):
                     marked[id(p)] = p
         return marked
@@ -1337,12 +1351,12 @@ class _Linker:
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
         lists: dict[tuple[int, tuple[Any, ...]], list[_Edge]] = {}
-        pairs_of, group, rid, links = self.pairs_of, self.group, self.rid, self._links
+        pairs_of, links = self.pairs_of, self._links
         for u in self.nodes:
-            pairs = pairs_of.get(group[id(u)])
+            pairs = pairs_of.get(u.group)
             if not pairs:
                 continue
-            no_id = rid[id(u)] is None
+            no_id = u.rid is None
             for pg, declared, hopeless in pairs:
                 if hopeless and no_id:  # no link to weigh (:meth:`_links`)
                     continue
@@ -1358,7 +1372,7 @@ class _Linker:
                 if complete:
                     continue
                 u = self._node[key[0]]
-                gk = (key[1], self.kind[id(u)] if by_kind else self.group[id(u)])
+                gk = (key[1], u.kind if by_kind else u.group)
                 e = matchings.get(gk, {}).get(key[0])
                 if e is None or (not e.rid and e.cost >= half):
                     deep.append(key)
@@ -1372,12 +1386,12 @@ class _Linker:
                     continue
                 u = self._node[key[0]]
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
-                declared, hopeless = self.pair_info[(key[1], self.group[id(u)])]
+                declared, hopeless = self.pair_info[(key[1], u.group)]
                 kept = self._links(u, key[1], declared, hopeless, stats, mode)
                 assert kept is not None
                 self.weighed += len(kept) - len(lists[key])
                 lists[key] = kept
-                redo.add((key[1], self.kind[id(u)] if by_kind else self.group[id(u)]))
+                redo.add((key[1], u.kind if by_kind else u.group))
             edges = [e for lst in lists.values() for e in lst]
             matchings.update(_matching(
                 [e for e in edges if (e.pgroup, e.kind if by_kind else e.cgroup) in redo],
@@ -1391,10 +1405,10 @@ class _Linker:
         (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
         pair has none to weigh. ``mode`` per pair of groups: ``all`` its candidates,
         ``trusted`` only parents a profile matched, ``rid`` only equal request ids."""
-        urid = self.rid[id(u)]
+        urid = u.rid
         if hopeless and urid is None:
             return None
-        cg = self.group[id(u)]
+        cg = u.group
         how = "rid" if hopeless else mode((pg, cg))
         key = (id(u), pg)
         hit = self._kept.get(key)
@@ -1427,7 +1441,7 @@ class _Linker:
         else:
             self.left_out.pop(key, None)
         if len(kept) > 1:
-            kept.sort(key=lambda e: (e.parent.req.ts_ns, e.parent.conn.id, e.parent.index),
+            kept.sort(key=lambda e: (e.parent.ts_ns, e.parent.conn_id, e.parent.index),
                       reverse=True)
         if how == "rid" or every is not None:  # whatever the statistics: kept for later
             self._kept[key] = (how, kept, every)
@@ -1443,7 +1457,7 @@ class _Linker:
         tried = self._every_cache.get(ckey)
         if tried is not None and tried >= cap:
             return None
-        u_ts, u_end = u.req.ts_ns, u.end_ns
+        u_ts, u_end = u.ts_ns, u.end_ns
         starts, ends = sub.starts, sub.ends
         a = bisect_left(starts, u_end - sub.longest)
         b = bisect_right(starts, u_ts)
@@ -1464,12 +1478,12 @@ class _Linker:
                     return None
                 ks.append(i)
                 i = order.before(i - 1, a, u_end, u_ts)
-        server = u.conn.server
+        server = u.server
         lst = sub.lst
         out: list[_Edge] = []
         for k in ks:
             p = lst[k]
-            if p.conn.server == server:
+            if p.server == server:
                 self.stepped += 1
                 continue
             e = self._edge_of(p, u, pg, cg, declared)
@@ -1494,8 +1508,7 @@ class _Linker:
         skipped by blocks (:class:`_Order`); those on the child's own server are stepped
         over (at most :data:`MAX_SCAN`: a walk cut short leaves its bound at minus
         infinity, and the link is ambiguous)."""
-        r = u.req
-        u_ts, u_end, u_fb, server = r.ts_ns, u.end_ns, r.first_byte_ns, u.conn.server
+        u_ts, u_end, u_fb, server = u.ts_ns, u.end_ns, u.fb_ns, u.server
         syn = u.syn_first_ns
         walks: list[list[Any]] = []  # [order, lo, hi, target, next left, next right]
 
@@ -1566,7 +1579,7 @@ class _Linker:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-            if p.conn.server == server:
+            if p.server == server:
                 stepped += 1
                 if stepped > MAX_SCAN:
                     cut = True
@@ -1598,18 +1611,18 @@ class _Linker:
                 mode: Callable[[tuple[Any, Any]], str]) -> _Edge | None:
         """The final round's candidate link ``p -> u``, costed, whether or not it was
         among the child's cheapest (None where it is no candidate there)."""
-        pg, cg = self.group[id(p)], self.group[id(u)]
+        pg, cg = p.group, u.group
         info = self.pair_info.get((pg, cg))
-        if info is None or is_resp(p.conn, p.req) or not self._contains(p, u):
+        if info is None or p.resp or not self._contains(p, u):
             return None
         declared, hopeless = info
-        urid, prid = self.rid[id(u)], self.rid[id(p)]
+        urid, prid = u.rid, p.rid
         if urid is not None and urid == prid:
             if p not in self._same_rid(u).get(pg, ()):
                 return None
         else:
             how = "rid" if hopeless else mode((pg, cg))
-            if how == "rid" or (how == "trusted" and p.conn.id not in self.trusted):
+            if how == "rid" or (how == "trusted" and p.conn_id not in self.trusted):
                 return None
         e = self._edge_of(p, u, pg, cg, declared)
         if e is not None:
@@ -1626,7 +1639,7 @@ class _Linker:
         queries: dict[tuple[Any, ...], list[tuple[int, Node]]] = defaultdict(list)
         for q, e in enumerate(links):
             u, pg = e.child, e.pgroup
-            urid = self.rid[id(u)]
+            urid = u.rid
             out[q] = len(self._same_rid(u).get(pg, ())) if urid is not None else 0
             info = self.pair_info[(pg, e.cgroup)]
             how = "rid" if info[1] else mode((pg, e.cgroup))
@@ -1639,12 +1652,12 @@ class _Linker:
                 queries[(pg, how == "trusted", urid is not None)].append((q, u))
         for key, qs in queries.items():
             sub = self._subset(*key)
-            servers = {p.conn.server for p in sub.lst}
-            counts = _containing_counts(sub, [(u.req.ts_ns, u.end_ns) for _q, u in qs])
+            servers = {p.server for p in sub.lst}
+            counts = _containing_counts(sub, [(u.ts_ns, u.end_ns) for _q, u in qs])
             for (q, u), n in zip(qs, counts, strict=True):
-                if u.conn.server in servers:  # a parent on the child's own server is none
-                    n -= sum(1 for p in sub.lst if p.conn.server == u.conn.server
-                             and p.req.ts_ns <= u.req.ts_ns and p.window_end_ns >= u.end_ns)
+                if u.server in servers:  # a parent on the child's own server is none
+                    n -= sum(1 for p in sub.lst if p.server == u.server
+                             and p.ts_ns <= u.ts_ns and p.window_end_ns >= u.end_ns)
                 out[q] += n
         return out
 
@@ -1663,13 +1676,13 @@ class _Linker:
         place = {g: i for i, g in enumerate(index)}
         spans: dict[tuple[Any, ...], list[int]] = {}
         for u in self.nodes:
-            cg = self.group[id(u)]
+            cg = u.group
             span = spans.get(cg)
             if span is None:
-                spans[cg] = [u.req.ts_ns, u.end_ns]
+                spans[cg] = [u.ts_ns, u.end_ns]
             else:
-                if u.req.ts_ns > span[0]:
-                    span[0] = u.req.ts_ns
+                if u.ts_ns > span[0]:
+                    span[0] = u.ts_ns
                 if u.end_ns < span[1]:
                     span[1] = u.end_ns
         found: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
@@ -1692,8 +1705,8 @@ class _Linker:
         request ids are still built for it."""
         sizes: dict[tuple[Any, ...], int] = defaultdict(int)
         for n in self.nodes:
-            sizes[self.group[id(n)]] += 1
-        trusted_groups = {self.group[id(n)] for n in self.nodes if n.conn.id in self.trusted}
+            sizes[n.group] += 1
+        trusted_groups = {n.group for n in self.nodes if n.conn_id in self.trusted}
         undecided: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for cg, parents in parents_of.items():
             senders = self.clients.get(cg, set())
@@ -1707,11 +1720,11 @@ class _Linker:
         misses: dict[tuple[Any, Any], int] = defaultdict(int)
         hopeless: set[tuple[Any, Any]] = set()
         for u in self.nodes:
-            cg = self.group[id(u)]
+            cg = u.group
             active = undecided[cg]
             if not active:
                 continue
-            u_end, u_ts, uc = u.end_ns, u.req.ts_ns, u.conn
+            u_end, u_ts, uc = u.end_ns, u.ts_ns, u.conn
             decided = False
             for entry in active:
                 pg, _declared, lst, starts, ends, block_ends, longest = entry
@@ -1720,7 +1733,7 @@ class _Linker:
                 found = False
                 for k in _ending_after(ends, block_ends, hi, max(lo, hi - MAX_SCAN), u_end):
                     p = lst[k]
-                    if p.conn is not uc and p.conn.server != uc.server:
+                    if p.conn is not uc and p.server != uc.server:
                         found = True
                         break
                 pair = (pg, cg)
@@ -1752,12 +1765,12 @@ class _Linker:
 
     @staticmethod
     def _contains(p: Node, u: Node) -> bool:
-        return (p.conn is not u.conn and p.conn.server != u.conn.server
-                and p.req.ts_ns <= u.req.ts_ns and u.end_ns <= p.window_end_ns)
+        return (p.conn is not u.conn and p.server != u.server
+                and p.ts_ns <= u.ts_ns and u.end_ns <= p.window_end_ns)
 
     def _edge(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
               declared: bool, urid: str | None) -> _Edge | None:
-        prid = self.rid[id(p)]
+        prid = p.rid
         rid = urid is not None and prid is not None
         if rid and urid != prid:
             return None  # both carry an id, and they differ
@@ -1765,7 +1778,7 @@ class _Linker:
         base = 0.0
         if pr.first_byte_ns is not None and ur.ts_ns >= pr.first_byte_ns:
             base += _LATE_PENALTY_MS
-        if not is_resp(u.conn, ur):
+        if not u.resp:
             if pr.method and ur.method and pr.method != ur.method:
                 base += _METHOD_PENALTY_MS
             if pr.path and ur.path and pr.path != ur.path:
@@ -1786,8 +1799,8 @@ class _Linker:
         if pr.first_byte_ns is not None and ur.first_byte_ns is not None:
             eo = (pr.first_byte_ns - ur.first_byte_ns) / 1e6
             slack = ((pr.first_byte_ns - pr.ts_ns) - (ur.first_byte_ns - ur.ts_ns)) / 1e6
-        return _Edge(p, u, pg, self.group[id(u)], self.kind[id(u)], rid, declared
-                     or p.conn.id in self.trusted, address, base, so, eo, slack)
+        return _Edge(p, u, pg, u.group, u.kind, rid, declared
+                     or p.conn_id in self.trusted, address, base, so, eo, slack)
 
     def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
                        matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
@@ -1801,7 +1814,7 @@ class _Linker:
         steady there). ``declared``: the pairs with a declared candidate."""
         sizes: dict[tuple[Any, ...], int] = defaultdict(int)
         for n in self.nodes:
-            sizes[self.group[id(n)]] += 1
+            sizes[n.group] += 1
         inferred: set[tuple[Any, Any]] = set()
         for pair, st in stats.items():
             if pair in declared or st.n < PROXY_MIN_REQUESTS:
@@ -1829,14 +1842,14 @@ class _Linker:
 
 def _innermost(options: list[_Edge]) -> _Edge:
     """Of a child's links through nested hops, the one to the innermost parent."""
-    options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.req.ts_ns))
+    options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.ts_ns))
     best = options[0]
     changed = True
     while changed:
         changed = False
         for e in options:
             p, b = e.parent, best.parent
-            if p is not b and b.req.ts_ns <= p.req.ts_ns and p.window_end_ns <= b.window_end_ns \
+            if p is not b and b.ts_ns <= p.ts_ns and p.window_end_ns <= b.window_end_ns \
                     and (e.rid or not best.rid):
                 best, changed = e, True
     return best
@@ -1946,7 +1959,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     nodes: dict[tuple[str, int], Node] = {}
     for c in conns:
         for i, r in enumerate(c.requests):
-            n = Node(c, i, r)
+            n = Node.of(c, i, r)
             nodes[n.key] = n
     for c in conns:
         first_index = _first_request_index(c)
@@ -1960,7 +1973,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     # pairs the statistics could never accept do not go through the refined rounds
     sizes: dict[tuple[Any, ...], int] = defaultdict(int)
     for n in nodes.values():
-        sizes[linker.group[id(n)]] += 1
+        sizes[n.group] += 1
     viable = {pair for pair, st in estimates.items()
               if st.address_share >= PROXY_MIN_SHARE * 0.5
               or (st.n >= COUPLED_MIN_PAIRS and st.coupling <= COUPLING_MAX
@@ -2017,12 +2030,12 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
             continue
         opener = nodes[(c.id, first_index)]
         caller = opener.parent
-        if caller is not None and caller.req.ts_ns <= c.syn_ns <= opener.req.ts_ns:
+        if caller is not None and caller.ts_ns <= c.syn_ns <= opener.ts_ns:
             opener.opened = True
 
     return Chains(nodes, _proxy_evidence(nodes, second, linker.considered),
                   {"children": sum(1 for n in linker.nodes if linker.pairs_of.get(
-                      linker.group[id(n)])),
+                      n.group)),
                    "pairs_costed": len(linker._edges),
                    "pairs_stepped_over": linker.stepped + linker.walked(),
                    "links_weighed": linker.weighed})
@@ -2036,7 +2049,7 @@ def _proxy_evidence(nodes: Mapping[tuple[str, int], Node],
     of the pairs that passed the pair tests."""
     totals: dict[str, int] = defaultdict(int)
     for n in nodes.values():
-        totals[n.conn.server] += 1
+        totals[n.server] += 1
     followed: dict[str, set[tuple[str, int]]] = defaultdict(set)
     from_address: dict[str, set[tuple[str, int]]] = defaultdict(set)
     declared: set[str] = set()
@@ -2044,7 +2057,7 @@ def _proxy_evidence(nodes: Mapping[tuple[str, int], Node],
     for n in nodes.values():
         if not n.children:
             continue
-        s = n.conn.server
+        s = n.server
         accepted.add(s)
         followed[s].add(n.key)
         if any(c.from_parent_address for c in n.children):
@@ -2053,7 +2066,7 @@ def _proxy_evidence(nodes: Mapping[tuple[str, int], Node],
             declared.add(s)
     for m in matchings.values():
         for e in m.values():
-            s = e.parent.conn.server
+            s = e.parent.server
             if s in accepted or (e.pgroup, e.cgroup) not in considered:
                 continue
             followed[s].add(e.parent.key)

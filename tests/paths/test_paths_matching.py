@@ -221,7 +221,7 @@ def test_overlap_prefilter_changes_no_link(monkeypatch: pytest.MonkeyPatch,
     def every_pair(self, index):  # type: ignore[no-untyped-def]
         out = {}
         for u in self.nodes:
-            out.setdefault(self.group[id(u)], list(index))
+            out.setdefault(u.group, list(index))
         return out
 
     monkeypatch.setattr(chains_mod._Linker, "_overlapping_groups", every_pair)
