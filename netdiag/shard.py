@@ -69,6 +69,11 @@ AUTO_MIN_BYTES = 64 << 20
 """``--jobs`` unset or 0: input smaller than this (all files) is analyzed in one process
 (starting the others and merging costs about what they save below this)."""
 
+TRANSFER_EVENTS = 4096
+"""Events a shard packs and sends per message: the records cross a few thousand at a
+time, so neither end ever holds all of a shard's events twice (as records and as
+pickled bytes)."""
+
 END = 1 << 62
 """The packet position of what is emitted after the input (beyond any packet number)."""
 CONN, EXPIRE, DNS_END, PACKET = 0, 1, 2, 3
@@ -326,27 +331,63 @@ def unpack_connection(v: tuple[Any, ...]) -> Connection:
     return Connection(*values)
 
 
-def _pack(out: ShardOutput) -> ShardOutput:
+def _pack_events(events: list[Event]) -> list[Event]:
     packed: list[Event] = []
-    for pos, kind, rec, extra in out.events:
+    for pos, kind, rec, extra in events:
         if kind == CONNECTION:
             packed.append((pos, kind, pack_connection(rec), extra))
         elif kind == DNS:
             packed.append((pos, kind, _get_dns(rec), extra))
         else:
             packed.append((pos, kind, _get_warning(rec), extra))
-    return dataclasses.replace(out, events=packed)
+    return packed
 
 
-def _unpack(out: ShardOutput) -> ShardOutput:
-    events: list[Event] = []
-    for pos, kind, rec, extra in out.events:
+def _unpack_events(packed: list[Event], events: list[Event]) -> None:
+    """Append the records of ``packed`` to ``events``."""
+    for pos, kind, rec, extra in packed:
         if kind == CONNECTION:
             events.append((pos, kind, unpack_connection(rec), extra))
         elif kind == DNS:
             events.append((pos, kind, DnsTransaction(*rec), extra))
         else:
             events.append((pos, kind, Warning_(*rec), extra))
+
+
+def pack_output(out: ShardOutput) -> ShardOutput:
+    """The output with its records as field tuples, to pickle in one piece."""
+    return dataclasses.replace(out, events=_pack_events(out.events))
+
+
+def unpack_output(out: ShardOutput) -> ShardOutput:
+    """The output :func:`pack_output` packed, with its records again."""
+    events: list[Event] = []
+    _unpack_events(out.events, events)
+    return dataclasses.replace(out, events=events)
+
+
+def _send_output(conn: Any, out: ShardOutput) -> None:
+    """The output without its events, their count, then the events
+    :data:`TRANSFER_EVENTS` at a time, each batch let go once sent."""
+    events = out.events
+    conn.send_bytes(pickle.dumps(("ok", (dataclasses.replace(out, events=[]), len(events))),
+                                 pickle.HIGHEST_PROTOCOL))
+    for i in range(0, len(events), TRANSFER_EVENTS):
+        batch = events[i:i + TRANSFER_EVENTS]
+        events[i:i + len(batch)] = [None] * len(batch)  # type: ignore[list-item]
+        conn.send_bytes(pickle.dumps(_pack_events(batch), pickle.HIGHEST_PROTOCOL))
+        del batch
+
+
+def _receive_output(receive: Any, head: tuple[ShardOutput, int]) -> ShardOutput:
+    """The output :func:`_send_output` sent, ``head`` its first message."""
+    out, count = head
+    events: list[Event] = []
+    while len(events) < count:
+        batch = pickle.loads(receive.recv_bytes())
+        if isinstance(batch, tuple):  # ("error", exception)
+            raise batch[1]
+        _unpack_events(batch, events)
     return dataclasses.replace(out, events=events)
 
 
@@ -368,7 +409,8 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
                              ShardRun)
         assert isinstance(run, ShardRun)
         gc.disable()  # the collector would walk every record while they are packed
-        data = pickle.dumps(("ok", _pack(run.output())), pickle.HIGHEST_PROTOCOL)
+        output = run.output()
+        del run
     except Sequential as e:
         data = pickle.dumps(("sequential", str(e)))
     except BaseException as e:  # everything goes to the parent
@@ -377,6 +419,16 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
         except Exception:
             data = pickle.dumps(("error", RuntimeError(
                 f"shard {k} of {n} failed:\n{traceback.format_exc()}")))
+    else:
+        try:
+            _send_output(conn, output)
+        except BrokenPipeError:  # the parent stopped listening: it stops us too
+            pass
+        except BaseException as e:  # in place of the next batch
+            conn.send_bytes(pickle.dumps(("error", RuntimeError(
+                f"shard {k} of {n} failed sending its records: {e!r}"))))
+        conn.close()
+        return
     conn.send_bytes(data)
     conn.close()
 
@@ -414,6 +466,8 @@ def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
             for proc, receive in children:
                 try:
                     status, payload = pickle.loads(receive.recv_bytes())
+                    if status == "ok":  # the rest follows in batches
+                        payload = _receive_output(receive, payload)
                 except EOFError:
                     proc.join()
                     raise RuntimeError(f"{proc.name} ended without a result "
@@ -423,7 +477,7 @@ def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
                     return _sequential(paths, sink, options, children)
                 if status == "error":
                     raise payload
-                outputs.append(_unpack(payload))
+                outputs.append(payload)
         finally:
             if collecting:
                 gc.enable()

@@ -404,6 +404,37 @@ def test_records_cross_processes_as_field_tuples() -> None:
         assert back.to_json(headers=True) == c.to_json(headers=True)
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+def test_records_cross_in_batches(fmt: str, monkeypatch: pytest.MonkeyPatch,
+                                  fallbacks: list[int]) -> None:
+    """A shard sends its events a few at a time (the forked shards inherit the small
+    batch); the parent puts them back together in order, and the report is the same."""
+    batches: list[int] = []
+    real = shard._unpack_events
+
+    def counting(packed: list[Any], events: list[Any]) -> None:
+        batches.append(len(packed))
+        real(packed, events)
+
+    monkeypatch.setattr(shard, "_unpack_events", counting)
+    monkeypatch.setattr(shard, "TRANSFER_EVENTS", 3)
+    args = [str(ANTHO), "--format", fmt, "--keylog", str(KEYS)]
+    one = report(*args, "--jobs", "1")
+    assert report(*args, "--jobs", "3") == one
+    assert len(batches) > 4 and max(batches) == 3
+    assert not fallbacks
+
+
+def test_a_shard_that_fails_while_sending_is_an_error_not_a_hang(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(events: list[Any]) -> list[Any]:
+        raise ValueError("cannot pack")
+
+    monkeypatch.setattr(shard, "_pack_events", broken)
+    with pytest.raises(RuntimeError, match="failed sending its records.*cannot pack"):
+        shard.analyze_sharded([str(ANTHO)], CollectingSink(), Options(jobs=2))
+
+
 def test_jsonl_rendering_with_the_placeholder_in_a_value() -> None:
     """A value equal to the id placeholder does not take the id's place."""
     from netdiag.report import records_out

@@ -137,8 +137,8 @@ def run_task(task: SetTask) -> bytes:
                  [[_get_warning(w) for w in r.warnings] for r in run.readers], keylog)
     gc.disable()
     try:
-        return pickle.dumps((SHARD, task.set_index, task.shard, sh._pack(run.output()), extra),
-                            pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((SHARD, task.set_index, task.shard, sh.pack_output(run.output()),
+                             extra), pickle.HIGHEST_PROTOCOL)
     finally:
         gc.enable()
 
@@ -195,7 +195,7 @@ def prepare_shards(payloads: list[tuple[Any, ...]]) -> PreparedShards | None:
     from netdiag import shard as sh
 
     payloads = sorted(payloads, key=lambda p: p[2])
-    outputs = [sh._unpack(p[3]) for p in payloads]
+    outputs = [sh.unpack_output(p[3]) for p in payloads]
     facts_d, reader_warnings, keylog = payloads[0][4]
     facts = unpack_facts(facts_d)
     merged = sh.merge(outputs, facts)
