@@ -431,7 +431,7 @@ def test_a_shard_that_fails_while_sending_is_an_error_not_a_hang(
         raise ValueError("cannot pack")
 
     monkeypatch.setattr(shard, "_pack_events", broken)
-    with pytest.raises(RuntimeError, match="failed sending its records.*cannot pack"):
+    with pytest.raises(RuntimeError, match=r"failed sending its records.*cannot pack"):
         shard.analyze_sharded([str(ANTHO)], CollectingSink(), Options(jobs=2))
 
 

@@ -269,7 +269,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         if fleet_res is not None and fleet_res.groups is not None:
             _write_groups_text(fleet_res, out)
     elif fmt != "jsonl":
-        doc = csink.document(result, headers=fmt in ("har", "html"))
+        doc = csink.document(result, headers=fmt in ("har", "html"), lazy=fmt == "json")
         if fleet_res is not None:
             doc = _with_fleet(doc, fleet_res)
         _write_collected(fmt, result, doc, csink.connections, csink.dns_records, options, out,
@@ -358,11 +358,14 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
                      dns_records: Any, options: Any, out: IO[str], profile: Any,
                      output: str | None, interval_ns: int | None = None) -> None:
     """Paths over the collected records, then the chosen format."""
-    from netdiag.paths.apply import apply_paths
-    from netdiag.report.json_out import write_json
+    from netdiag.paths.apply import annotate_connection, apply_paths
+    from netdiag.report.json_out import Records, write_json
 
-    apply_paths(doc, connections, dns_records, profile, options.thresholds,
-                interval_ns=interval_ns)
+    lazy = doc.get("connections")
+    analysis = apply_paths(doc, connections, dns_records, profile, options.thresholds,
+                           interval_ns=interval_ns, annotate=not isinstance(lazy, Records))
+    if isinstance(lazy, Records):  # each connection gets its paths as it is written
+        lazy.steps.append(lambda cj, conn: annotate_connection(cj, conn, analysis))
     if fmt == "json":
         write_json(doc, out)
     elif fmt == "har":

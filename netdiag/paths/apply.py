@@ -22,7 +22,7 @@ from netdiag.paths.budget import (
     summary_paths,
 )
 from netdiag.paths.chains import Chains, Step
-from netdiag.paths.edge import annotate_edges, edge_findings
+from netdiag.paths.edge import annotate_edge, edge_findings
 from netdiag.paths.findings import PathThresholds, path_findings
 from netdiag.paths.load import Load, load_of_paths
 from netdiag.paths.profile import Profile
@@ -87,39 +87,45 @@ def annotate_document(doc: dict[str, Any], connections: Sequence[Connection],
     """Write ``path`` into each ``doc["connections"][]``, and into each request dict a
     ``chain`` (client requests that caused others) or ``caused_by`` (``{"connection",
     "request"}``, for requests another captured request caused)."""
-    annotate_edges(doc, connections, analysis.profile)
     by_id = {c.id: c for c in connections}
     for cj in doc.get("connections", []):
-        conn = by_id.get(cj.get("id"))
-        if conn is None:
-            continue
-        cj["path"] = conn.path
-        for i, rj in enumerate(cj.get("requests") or []):
-            steps = analysis.chain_table.get((conn.id, i))
-            if steps is not None:
-                rj["chain"] = [s.to_json() for s in steps]
-            node = analysis.chains.node(conn.id, i)
-            if node is not None and node.parent is not None:
-                rj["caused_by"] = {"connection": node.parent.conn.id,
-                                   "request": node.parent.index}
+        conn = by_id.get(str(cj.get("id"))) if isinstance(cj, dict) else None
+        if conn is not None:
+            annotate_connection(cj, conn, analysis)
+
+
+def annotate_connection(cj: dict[str, Any], conn: Connection, analysis: PathsAnalysis) -> None:
+    """What :func:`annotate_document` writes, for one connection's dict ``cj``."""
+    annotate_edge(cj, conn, analysis.profile)
+    cj["path"] = conn.path
+    for i, rj in enumerate(cj.get("requests") or []):
+        steps = analysis.chain_table.get((conn.id, i))
+        if steps is not None:
+            rj["chain"] = [s.to_json() for s in steps]
+        node = analysis.chains.node(conn.id, i)
+        if node is not None and node.parent is not None:
+            rj["caused_by"] = {"connection": node.parent.conn.id,
+                               "request": node.parent.index}
 
 
 def apply_paths(doc: dict[str, Any], connections: list[Connection],
                 dns_records: Sequence[DnsTransaction], profile: Profile | None,
                 thresholds: Thresholds | None = None,
                 path_thresholds: PathThresholds | None = None,
-                interval_ns: int | None = None) -> PathsAnalysis:
+                interval_ns: int | None = None, *, annotate: bool = True) -> PathsAnalysis:
     """Fill a contract document (``CollectingSink.document``) with paths.
 
     Sets ``connections[].path`` (and ``conn.path`` on the records), adds ``chain`` /
     ``caused_by`` to requests, sets ``summary.paths`` and ``summary.path_comparison``,
     sets ``timeseries`` and ``knees``, and merges the path findings into ``findings``
     (most severe first). Returns the analysis, whose ``findings`` a terminal report can
-    add to its own.
+    add to its own. Without ``annotate`` the connections are left as they are, for the
+    caller to pass each through :func:`annotate_connection` as it writes it.
     """
     analysis = analyze_paths(connections, dns_records, profile, thresholds=thresholds,
                              path_thresholds=path_thresholds, interval_ns=interval_ns)
-    annotate_document(doc, connections, analysis)
+    if annotate:
+        annotate_document(doc, connections, analysis)
     summary = doc.setdefault("summary", {})
     summary["paths"] = analysis.summary()
     summary["path_comparison"] = analysis.comparison_json()

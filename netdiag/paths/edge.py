@@ -798,11 +798,16 @@ def annotate_edges(doc: dict[str, Any], connections: Sequence[Connection],
     by_id = {c.id: c for c in connections}
     for cj in doc.get("connections", []):
         conn = by_id.get(str(cj.get("id"))) if isinstance(cj, dict) else None
-        if conn is None:
-            continue
-        cj["edge"] = identify_edge(conn, profile)
-        reqs = cj.get("requests")
-        if isinstance(reqs, list):
-            for rj, r in zip(reqs, conn.requests, strict=False):
-                if isinstance(rj, dict):
-                    rj["upstream"] = request_split(r)
+        if conn is not None:
+            annotate_edge(cj, conn, profile)
+
+
+def annotate_edge(cj: dict[str, Any], conn: Connection, profile: Profile | None = None) -> None:
+    """Write ``edge`` into one connection's dict ``cj`` and ``upstream`` into each of its
+    request dicts (in order)."""
+    cj["edge"] = identify_edge(conn, profile)
+    reqs = cj.get("requests")
+    if isinstance(reqs, list):
+        for rj, r in zip(reqs, conn.requests, strict=False):
+            if isinstance(rj, dict):
+                rj["upstream"] = request_split(r)

@@ -11,10 +11,36 @@ The result is the same JSON value as ``json.dump`` gives; only the whitespace di
 from __future__ import annotations
 
 import json
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Generic, TypeVar
 
 OUTLINE_DEPTH = 2
 """Object levels laid out one key a line; values below are written compact."""
+
+T = TypeVar("T")
+
+
+class Records(Generic[T]):
+    """A list of JSON objects made from ``items`` only as it is written, one at a time:
+    each item is rendered (``render``), then passed with its dict through every one of
+    ``steps`` in order. :func:`write_json` writes it as the list of those dicts, so a
+    document's long record lists need not all be in memory as dicts at once."""
+
+    def __init__(self, items: Sequence[T], render: Callable[[T], dict[str, Any]]) -> None:
+        self.items = items
+        self.render = render
+        self.steps: list[Callable[[dict[str, Any], T], None]] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        render, steps = self.render, self.steps
+        for item in self.items:
+            d = render(item)
+            for step in steps:
+                step(d, item)
+            yield d
 
 
 def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:
@@ -34,7 +60,9 @@ def _write(value: Any, out: IO[str], depth: int, encode: Any) -> None:
             _write(item, out, depth + 1, encode)
             sep = ",\n"
         out.write(f"\n{'  ' * depth}}}")
-    elif isinstance(value, list) and value and any(isinstance(v, dict | list) for v in value):
+    elif ((isinstance(value, list) and value
+           and any(isinstance(v, dict | list) for v in value))
+          or (isinstance(value, Records) and len(value))):
         out.write("[")
         sep = "\n"
         for item in value:
@@ -42,5 +70,7 @@ def _write(value: Any, out: IO[str], depth: int, encode: Any) -> None:
             out.write(encode(item))
             sep = ",\n"
         out.write(f"\n{'  ' * depth}]")
+    elif isinstance(value, Records):
+        out.write("[]")
     else:
         out.write(encode(value))

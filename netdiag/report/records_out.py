@@ -8,6 +8,7 @@ from typing import IO, TYPE_CHECKING, Any
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.contract import Document
 from netdiag.records import Connection, DnsTransaction
+from netdiag.report.json_out import Records
 from netdiag.result import Result
 
 if TYPE_CHECKING:
@@ -40,17 +41,22 @@ class CollectingSink:
     def connection(self, c: Connection) -> None:
         self.connections.append(c)
 
-    def document(self, result: Result, headers: bool = False) -> Document:
-        """The contract's single JSON object (``headers``: decoded HTTP headers too)."""
+    def document(self, result: Result, headers: bool = False, lazy: bool = False) -> Document:
+        """The contract's single JSON object (``headers``: decoded HTTP headers too;
+        ``lazy``: its connections as :class:`~netdiag.report.json_out.Records`, each
+        made into a dict only as :func:`~netdiag.report.json_out.write_json` writes it)."""
         self.dns_records.sort(key=lambda t: (t.ts_ns, t.id))
         self.connections.sort(key=_conn_order)
+        connections: Any = (
+            Records(self.connections, lambda c: c.to_json(headers=headers)) if lazy
+            else [c.to_json(headers=headers) for c in self.connections])
         return {
             "contract": CONTRACT_VERSION,
             "netdiag_version": __version__,
             "capture": result.capture.to_json(),
             "summary": result.summary_json(),
             "dns": [t.to_json() for t in self.dns_records],
-            "connections": [c.to_json(headers=headers) for c in self.connections],
+            "connections": connections,
             "findings": [f.to_json() for f in result.findings],
         }
 

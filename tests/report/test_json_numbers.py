@@ -59,3 +59,33 @@ def test_writer_gives_the_same_value_with_records_one_a_line() -> None:
         assert any(line.strip().startswith('{"id": "C1"') for line in lines)
         assert any(line.strip().startswith('{"id": "C2"') for line in lines)
         assert text.endswith("}\n")
+
+
+def test_records_are_written_as_the_list_they_render_one_at_a_time() -> None:
+    """``Records`` gives exactly the text of the list of its dicts, empty or not, each
+    dict made and passed through the steps only when it is written."""
+    from netdiag.report.json_out import Records
+
+    made: list[int] = []
+
+    def render(i: int) -> dict[str, Any]:
+        made.append(i)
+        return {"id": f"C{i}", "requests": [{"n": i}]}
+
+    def mark(d: dict[str, Any], i: int) -> None:
+        d["path"] = "even" if i % 2 == 0 else None
+        d["requests"][0]["seen"] = len(made)
+
+    for items in ([], [1, 2, 3]):
+        made.clear()
+        lazy: Records[int] = Records(items, render)
+        lazy.steps.append(mark)
+        assert not made  # nothing rendered before it is written
+        text = io.StringIO()
+        write_json({"connections": lazy, "n": len(items)}, text)
+        want = [{"id": f"C{i}", "requests": [{"n": i, "seen": k + 1}],
+                 "path": "even" if i % 2 == 0 else None} for k, i in enumerate(items)]
+        plain = io.StringIO()
+        write_json({"connections": want, "n": len(items)}, plain)
+        assert text.getvalue() == plain.getvalue()
+        assert made == items
