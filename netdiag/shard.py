@@ -366,28 +366,46 @@ def unpack_output(out: ShardOutput) -> ShardOutput:
     return dataclasses.replace(out, events=events)
 
 
+_BATCH, _FAILED = b"B", b"E"
+"""The first byte of each message after the head: a batch of events, or an error in
+place of the rest."""
+
+
 def _send_output(conn: Any, out: ShardOutput) -> None:
-    """The output without its events, their count, then the events
+    """The output without its events and the number of batches, then the events
     :data:`TRANSFER_EVENTS` at a time, each batch let go once sent."""
     events = out.events
-    conn.send_bytes(pickle.dumps(("ok", (dataclasses.replace(out, events=[]), len(events))),
+    batches = -(-len(events) // TRANSFER_EVENTS)
+    conn.send_bytes(pickle.dumps(("ok", (dataclasses.replace(out, events=[]), batches)),
                                  pickle.HIGHEST_PROTOCOL))
     for i in range(0, len(events), TRANSFER_EVENTS):
         batch = events[i:i + TRANSFER_EVENTS]
         events[i:i + len(batch)] = [None] * len(batch)  # type: ignore[list-item]
-        conn.send_bytes(pickle.dumps(_pack_events(batch), pickle.HIGHEST_PROTOCOL))
+        conn.send_bytes(_BATCH + pickle.dumps(_pack_events(batch), pickle.HIGHEST_PROTOCOL))
         del batch
 
 
+def _send_failure(conn: Any, error: BaseException) -> None:
+    conn.send_bytes(_FAILED + pickle.dumps(error))
+
+
 def _receive_output(receive: Any, head: tuple[ShardOutput, int]) -> ShardOutput:
-    """The output :func:`_send_output` sent, ``head`` its first message."""
-    out, count = head
+    """The output :func:`_send_output` sent, ``head`` its first message. Every batch is
+    read before any is unpacked, so that the shard can end (and give its memory back)
+    while they are; each batch's bytes go as soon as it is unpacked."""
+    out, batches = head
+    raw: list[bytes | None] = []
+    for _ in range(batches):
+        msg = receive.recv_bytes()
+        if msg[:1] == _FAILED:
+            raise pickle.loads(memoryview(msg)[1:])
+        raw.append(msg)
     events: list[Event] = []
-    while len(events) < count:
-        batch = pickle.loads(receive.recv_bytes())
-        if isinstance(batch, tuple):  # ("error", exception)
-            raise batch[1]
-        _unpack_events(batch, events)
+    for i, msg in enumerate(raw):
+        raw[i] = None
+        assert msg is not None
+        _unpack_events(pickle.loads(memoryview(msg)[1:]), events)
+        del msg
     return dataclasses.replace(out, events=events)
 
 
@@ -425,8 +443,8 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
         except BrokenPipeError:  # the parent stopped listening: it stops us too
             pass
         except BaseException as e:  # in place of the next batch
-            conn.send_bytes(pickle.dumps(("error", RuntimeError(
-                f"shard {k} of {n} failed sending its records: {e!r}"))))
+            _send_failure(conn, RuntimeError(
+                f"shard {k} of {n} failed sending its records: {e!r}"))
         conn.close()
         return
     conn.send_bytes(data)
