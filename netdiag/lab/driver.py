@@ -300,6 +300,7 @@ class Driver:
                 fut.set_result(answers[0])
             except BaseException as exc:
                 fut.set_exception(exc)
+                fut.exception()  # retrieved: a lookup cut by Ctrl-C prints no traceback
                 del self._dns_cache[key]
                 raise
         return await asyncio.shield(fut)
