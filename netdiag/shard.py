@@ -382,7 +382,6 @@ def _send_output(conn: Any, out: ShardOutput) -> None:
         batch = events[i:i + TRANSFER_EVENTS]
         events[i:i + len(batch)] = [None] * len(batch)  # type: ignore[list-item]
         conn.send_bytes(_BATCH + pickle.dumps(_pack_events(batch), pickle.HIGHEST_PROTOCOL))
-        del batch
 
 
 def _send_failure(conn: Any, error: BaseException) -> None:
@@ -394,18 +393,16 @@ def _receive_output(receive: Any, head: tuple[ShardOutput, int]) -> ShardOutput:
     read before any is unpacked, so that the shard can end (and give its memory back)
     while they are; each batch's bytes go as soon as it is unpacked."""
     out, batches = head
-    raw: list[bytes | None] = []
+    raw: list[bytes] = []
     for _ in range(batches):
         msg = receive.recv_bytes()
         if msg[:1] == _FAILED:
             raise pickle.loads(memoryview(msg)[1:])
         raw.append(msg)
+    raw.reverse()
     events: list[Event] = []
-    for i, msg in enumerate(raw):
-        raw[i] = None
-        assert msg is not None
-        _unpack_events(pickle.loads(memoryview(msg)[1:]), events)
-        del msg
+    while raw:
+        _unpack_events(pickle.loads(memoryview(raw.pop())[1:]), events)
     return dataclasses.replace(out, events=events)
 
 
@@ -428,7 +425,6 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
         assert isinstance(run, ShardRun)
         gc.disable()  # the collector would walk every record while they are packed
         output = run.output()
-        del run
     except Sequential as e:
         data = pickle.dumps(("sequential", str(e)))
     except BaseException as e:  # everything goes to the parent
