@@ -81,7 +81,43 @@ def mypyc_extensions() -> tuple[list[Any], dict[str, Any]]:
         extensions = mypycify(paths, group_name=CORE["GROUP_NAME"])
     except (Exception, SystemExit) as exc:  # mypyc prints type errors, then exits
         return [], pure_record(f"mypyc failed ({type(exc).__name__}: {exc})")
+    fix_runtime(extensions)
     return extensions, {"compiled": True, "mypy": mypy.version.__version__, "sources": sources}
+
+
+RUNTIME_FIXES = {
+    # b"abc"[2:1] is b"" in Python; mypyc's bytes slice passes a negative size to
+    # PyBytes_FromStringAndSize (SystemError) when both bounds are within the object
+    "bytes_ops.c": ("        Py_ssize_t slice_len = endn - startn;\n",
+                    "        Py_ssize_t slice_len = endn > startn ? endn - startn : 0;\n"),
+}
+"""Fixes to mypyc's C runtime (``mypyc/lib-rt``), by file: (text, replacement)."""
+
+
+def fix_runtime(extensions: list[Any]) -> None:
+    """Compile the extensions against a copy of mypyc's runtime files with
+    :data:`RUNTIME_FIXES` applied: the generated C includes them as ``<name.c>``, so a
+    directory first on the include path replaces them. A file whose text no longer
+    matches (a mypyc that changed or fixed it) is left as mypyc ships it, said in one
+    line; ``tests/test_cores.py`` checks the behaviour either way."""
+    import mypyc
+
+    lib_rt = os.path.join(os.path.dirname(mypyc.__file__), "lib-rt")
+    fixed = os.path.join(HERE, "build", "mypyc-runtime-fixes")
+    os.makedirs(fixed, exist_ok=True)
+    for name, (text, replacement) in RUNTIME_FIXES.items():
+        with open(os.path.join(lib_rt, name), encoding="utf-8") as f:
+            source = f.read()
+        target = os.path.join(fixed, name)
+        if text not in source:
+            note(f"mypyc's {name} no longer has the text netdiag fixes; used as shipped")
+            if os.path.exists(target):
+                os.remove(target)
+            continue
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(source.replace(text, replacement))
+    for ext in extensions:
+        ext.include_dirs.insert(0, fixed)
 
 
 if BUILD_COMMANDS & set(sys.argv[1:]):

@@ -223,6 +223,22 @@ def test_crafted_gzip_and_damaged_files(tmp_path: Path) -> None:
     assert doc["capture"]["warnings"]
 
 
+@needs_compiled
+def test_bytes_slices_whose_start_passes_their_end(tmp_path: Path) -> None:
+    """``b"ab"[2:1]`` is ``b""``: mypyc's bytes slice made it a SystemError (a negative
+    size) when both bounds lie inside the object, until setup.py fixed its runtime. An
+    IPv6 fragment header whose payload length ends before the fragment data (the
+    frame padded beyond it) cut one so and stopped the report."""
+    frag = bytes([17, 0, 0, 8, 0, 0, 0, 1])  # next header UDP, offset 8, last fragment
+    crafted = [raw(Ether(**MAC) / IPv6(src="2001:db8::1", dst="2001:db8::2", nh=44, plen=4)
+                   / Raw(frag + b"\0" * 20))]
+    eth = [data for lt, data in _frames() if lt == 1]
+    path = tmp_path / "short-fragment.pcap"
+    path.write_bytes(_pcap(crafted + eth, T0))
+    doc = json.loads(report_both(str(path)))
+    assert doc["capture"]["packets"] == 1 + len(eth) and doc["connections"]
+
+
 # -- which core runs -------------------------------------------------------------------
 
 PROBE = ("import importlib, json, netdiag._core as c\n"
