@@ -311,7 +311,10 @@ def _analyze(paths: list[str], sink: Sink, options: Options,
                 prog(sum(r.progress()[0] for r in readers), total)
 
             run.table.sweep_hooks.append(_progress)
-        run.table.scan(_merged(readers))
+        if len(readers) == 1:
+            run.table.scan_reader(readers[0])  # in place: no object per packet
+        else:
+            run.table.scan(_merged(readers))
         run.stage("finish")
         run.table.finish_all()
         for server, n in sorted(run.quic.stray.items()):  # no connection left to carry them

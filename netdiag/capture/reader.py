@@ -33,6 +33,12 @@ from netdiag.capture.linktypes import normalize
 from netdiag.errors import CaptureFormatError, InputError
 from netdiag.records import Warning_
 
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
 Packet = tuple[int, int, bytes, int]
 """``(ts_ns, linktype, data, wire_len)`` as yielded by :meth:`CaptureReader.packets`."""
 
@@ -367,6 +373,10 @@ class CaptureReader:
         self._pos = 0
         self._base = 0
         self._gen: Generator[Packet, None, None] | None = None
+        self._done = False
+        """The data ended (or was damaged): nothing more to deliver."""
+        self._ng_ts = 0
+        """pcapng: the time of the last packet (a simple packet block's)."""
         self._ng_bo = "<"
         self._ng_ifaces: list[_Iface] = []
         """The interfaces of the current pcapng section (for :meth:`tail_time_ns`)."""
@@ -382,17 +392,36 @@ class CaptureReader:
     def packets(self) -> Iterator[Packet]:
         """Yield ``(ts_ns, linktype, data, wire_len)`` for each packet, in file order.
 
-        The reader is one stream: calling this again continues where the last
-        iteration stopped. Damage ends the iteration normally (see ``truncated``).
+        The reader is one stream: calling this again (or :meth:`deliver`) continues
+        where the last iteration stopped. Damage ends the iteration normally (see
+        ``truncated``).
         """
         if self._gen is None:
-            if self._src.raw.closed:
-                return iter(())
-            if self.format == "pcap":
-                self._gen = self._pcap_packets()
-            else:
-                self._gen = self._pcapng_packets()
+            self._gen = self._generate()
         return self._gen
+
+    def _generate(self) -> Generator[Packet, None, None]:
+        one = _OnePacket()
+        while self.deliver(one):
+            packet = one.taken
+            one.taken = None
+            if packet is not None:
+                yield packet
+
+    def deliver(self, sink: PacketSink) -> bool:
+        """Hand the packets, in file order, to ``sink.packet`` in place (no object per
+        packet: the bytes stay in the chunk of the file they were read with) until the
+        sink asks to stop (True: call again to go on) or the data ends (False).
+
+        This is the scan's way in (``FlowTable``); :meth:`packets` is built on it.
+        """
+        if self._done or self._src.raw.closed:
+            return False
+        more = self._pcap_deliver(sink) if self.format == "pcap" else \
+            self._pcapng_deliver(sink)
+        if not more:
+            self._done = True
+        return more
 
     def __iter__(self) -> Iterator[Packet]:
         return self.packets()
@@ -608,22 +637,35 @@ class CaptureReader:
 
     # -- pcap ------------------------------------------------------------------------
 
-    def _pcap_packets(self) -> Generator[Packet, None, None]:
-        """The pcap record loop: one unpack and one slice per packet."""
+    def _pcap_deliver(self, sink: PacketSink) -> bool:
+        """The pcap record loop: one header read (byte by byte, no object) per packet."""
         hl = self._hdr_len
-        unpack = struct.Struct(self._bo + "IIII").unpack_from
         mul = self._frac_mul
         limit = self._limit
         lt = self._linktype
+        little = self._bo == "<"
         buf = self._buf
         pos = self._pos
         end = len(buf)
-        n = 0
-        nbytes = 0
+        n = self.packets_read
+        nbytes = self.bytes_read
         while True:
             stop = end - hl
             while pos <= stop:
-                sec, frac, incl, orig = unpack(buf, pos)
+                if little:
+                    sec = (buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                           | buf[pos + 3] << 24)
+                    frac = (buf[pos + 4] | buf[pos + 5] << 8 | buf[pos + 6] << 16
+                            | buf[pos + 7] << 24)
+                    incl = (buf[pos + 8] | buf[pos + 9] << 8 | buf[pos + 10] << 16
+                            | buf[pos + 11] << 24)
+                    orig = (buf[pos + 12] | buf[pos + 13] << 8 | buf[pos + 14] << 16
+                            | buf[pos + 15] << 24)
+                else:
+                    sec = _be32(buf, pos)
+                    frac = _be32(buf, pos + 4)
+                    incl = _be32(buf, pos + 8)
+                    orig = _be32(buf, pos + 12)
                 start = pos + hl
                 nxt = start + incl
                 if nxt > end or incl > limit:
@@ -632,64 +674,63 @@ class CaptureReader:
                 nbytes += incl
                 self.packets_read = n
                 self.bytes_read = nbytes
-                yield sec * 1_000_000_000 + frac * mul, lt, buf[start:nxt], orig
                 pos = nxt
-            incl = unpack(buf, pos)[2] if pos <= stop else -1
+                if sink.packet(sec * 1_000_000_000 + frac * mul, lt, buf, start, nxt, orig):
+                    self._pos = pos
+                    return True
+            incl = _u32(buf, pos + 8, little) if pos <= stop else -1
             if incl > limit:
                 self._damage(self._base + pos, f"record header claims {incl} bytes, "
                              f"more than the {limit}-byte limit")
-                return
+                return False
             if not self._fill(pos, hl + max(incl, 0)):
                 if self._buf:
                     self._cut(hl, incl if incl >= 0 else None, "record")
                 else:
                     self._finish()
-                return
+                return False
             buf = self._buf
             pos = self._pos
             end = len(buf)
 
     # -- pcapng ----------------------------------------------------------------------
 
-    def _pcapng_packets(self) -> Generator[Packet, None, None]:
+    def _pcapng_deliver(self, sink: PacketSink) -> bool:
         """The pcapng block loop: a fast path for EPBs, a careful one for everything else."""
-        ifaces: list[_Iface] = []
-        bo = "<"
-        # type, length, then the EPB fields; and the same preceded by the previous trailer
-        head = struct.Struct("<IIIIIII").unpack_from
-        tail_head = struct.Struct("<IIIIIIII").unpack_from
+        ifaces = self._ng_ifaces
+        little = self._ng_bo == "<"
         buf = self._buf
         pos = self._pos
         end = len(buf)
-        n = 0
-        nbytes = 0
-        ts = 0
+        n = self.packets_read
+        nbytes = self.bytes_read
         while True:
             # Fast path: complete, consistent EPBs of known interfaces. Each block's
             # trailing length is read together with the next block's header.
             nif = len(ifaces)
-            if pos + 28 <= end:
-                btype, blen, ifid, th, tl, cap, orig = head(buf, pos)
-                while True:
-                    nxt = pos + blen
-                    if (btype != 6 or nxt + 28 > end or blen & 3 or ifid >= nif
-                            or cap > blen - 32):
-                        break
-                    following = tail_head(buf, nxt - 4)
-                    if following[0] != blen:
-                        break
-                    lt, mul, div, off, _ = ifaces[ifid]
-                    if div == 1:
-                        ts = ((th << 32) | tl) * mul + off
-                    else:
-                        ts = ((th << 32) | tl) * mul // div + off
-                    n += 1
-                    nbytes += cap
-                    self.packets_read = n
-                    self.bytes_read = nbytes
-                    yield ts, lt, buf[pos + 28:pos + 28 + cap], orig
-                    pos = nxt
-                    _, btype, blen, ifid, th, tl, cap, orig = following
+            while pos + 28 <= end:
+                blen = _u32(buf, pos + 4, little)
+                nxt = pos + blen
+                if (_u32(buf, pos, little) != 6 or nxt > end or blen < 32 or blen & 3
+                        or _u32(buf, nxt - 4, little) != blen):
+                    break
+                ifid = _u32(buf, pos + 8, little)
+                cap = _u32(buf, pos + 20, little)
+                if ifid >= nif or cap > blen - 32:
+                    break
+                lt, mul, div, off, _ = ifaces[ifid]
+                ticks = _u32(buf, pos + 12, little) << 32 | _u32(buf, pos + 16, little)
+                ts = ticks * mul + off if div == 1 else ticks * mul // div + off
+                n += 1
+                nbytes += cap
+                self.packets_read = n
+                self.bytes_read = nbytes
+                self._ng_ts = ts
+                start = pos + 28
+                pos = nxt
+                if sink.packet(ts, lt, buf, start, start + cap, _u32(buf, start - 4, little)):
+                    self._pos = pos
+                    return True
 
             # Careful path: one whole block, validated, whatever its type.
             if not self._fill(pos, 12):
@@ -697,51 +738,55 @@ class CaptureReader:
                     self._cut(12, None, "block")
                 else:
                     self._finish()
-                return
+                return False
             buf = self._buf
             pos = self._pos
+            bo = "<" if little else ">"
             if buf[pos:pos + 4] == _SHB_MAGIC:
                 bom = buf[pos + 8:pos + 12]
                 if bom not in (_BOM_LE, _BOM_BE):
                     self._damage(self._base + pos,
                                  f"section header byte-order magic 0x{bom.hex()}")
-                    return
-                bo = "<" if bom == _BOM_LE else ">"
-                head = struct.Struct(bo + "IIIIIII").unpack_from
-                tail_head = struct.Struct(bo + "IIIIIIII").unpack_from
-            btype, blen = struct.unpack_from(bo + "II", buf, pos)
+                    return False
+                little = bom == _BOM_LE
+                bo = "<" if little else ">"
+            btype = _u32(buf, pos, little)
+            blen = _u32(buf, pos + 4, little)
             problem = self._block_length_problem(btype, blen)
             if problem:
                 self._damage(self._base + pos, problem)
-                return
+                return False
             if not self._fill(pos, blen):
                 self._cut(8, blen, f"block (type 0x{btype:08x})")
-                return
+                return False
             buf = self._buf
             pos = self._pos
             end = len(buf)
             nxt = pos + blen
-            trailer = struct.unpack_from(bo + "I", buf, nxt - 4)[0]
+            trailer = _u32(buf, nxt - 4, little)
             if trailer != blen:
                 self._damage(self._base + pos, f"block type 0x{btype:08x} length {blen} "
                              f"but trailing length {trailer}")
-                return
+                return False
             if btype == BT_SHB:
                 ifaces = []
                 self._ng_bo = bo
                 self._ng_ifaces = ifaces
-            pkt, problem = self._block(btype, buf[pos + 8:nxt - 4], bo, ifaces, ts)
+            pkt, problem = self._block(btype, buf[pos + 8:nxt - 4], bo, ifaces, self._ng_ts)
             if problem:
                 self._damage(self._base + pos, problem)
-                return
+                return False
             pos = nxt
             if pkt is not None:
-                ts = pkt[0]
+                ts, lt, data, orig = pkt
+                self._ng_ts = ts
                 n += 1
-                nbytes += len(pkt[2])
+                nbytes += len(data)
                 self.packets_read = n
                 self.bytes_read = nbytes
-                yield pkt
+                if sink.packet(ts, lt, data, 0, len(data), orig):
+                    self._pos = pos
+                    return True
 
     def _block(self, btype: int, body: bytes, bo: str, ifaces: list[_Iface],
                last_ts: int) -> tuple[Packet | None, str | None]:
@@ -899,3 +944,37 @@ def _options(body: bytes, pos: int, bo: str) -> Iterator[tuple[int, bytes]]:
             return
         yield code, body[pos + 4:pos + 4 + olen]
         pos += 4 + ((olen + 3) & ~3)
+
+
+def _be32(buf: bytes, p: int) -> int:
+    """The big-endian 32-bit unsigned integer at ``buf[p]``."""
+    return buf[p] << 24 | buf[p + 1] << 16 | buf[p + 2] << 8 | buf[p + 3]
+
+
+def _u32(buf: bytes, p: int, little: bool) -> int:
+    """The 32-bit unsigned integer at ``buf[p]``, little- or big-endian."""
+    if little:
+        return buf[p] | buf[p + 1] << 8 | buf[p + 2] << 16 | buf[p + 3] << 24
+    return buf[p] << 24 | buf[p + 1] << 16 | buf[p + 2] << 8 | buf[p + 3]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class PacketSink:
+    """What :meth:`CaptureReader.deliver` hands each packet to, in place."""
+
+    def packet(self, ts: int, lt: int, buf: bytes, start: int, stop: int, wire: int) -> bool:
+        """One packet: its bytes are ``buf[start:stop]`` (``buf`` holds other packets
+        too: keep a slice, never ``buf`` itself); ``wire``: its length on the wire.
+        True: stop after this packet (:meth:`CaptureReader.deliver` returns)."""
+        raise NotImplementedError
+
+
+class _OnePacket(PacketSink):
+    """Takes one packet as a tuple and stops (:meth:`CaptureReader.packets`)."""
+
+    def __init__(self) -> None:
+        self.taken: Packet | None = None
+
+    def packet(self, ts: int, lt: int, buf: bytes, start: int, stop: int, wire: int) -> bool:
+        self.taken = (ts, lt, buf[start:stop], wire)
+        return True

@@ -20,8 +20,9 @@ import heapq
 import socket
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
+from netdiag.capture.reader import CaptureReader, PacketSink
 from netdiag.flows.defrag import Defragmenter
 from netdiag.flows.dns_shape import looks_like_dns
 from netdiag.flows.stream import StreamAnalyzer
@@ -45,9 +46,6 @@ MAX_DNS_SERVERS = 4096
 beyond, a new one is parsed packet by packet (each payload must pass on its own)."""
 NOT_DNS_PORTS = frozenset({137, 138})
 """UDP ports whose traffic looks like DNS but is not (NetBIOS name and datagram)."""
-FOREIGN_CACHE_MAX = 1 << 17
-"""Flow keys of other shards remembered (then forgotten at the next sweep) so that their
-packets skip the shard hash."""
 
 QUIC_PORTS = frozenset({443, 4433, 8443})
 """UDP ports read as QUIC (a packet with the QUIC fixed bit); on other ports only a long
@@ -59,10 +57,11 @@ MAX_QUIC_SERVERS = 4096
 UDP_SESSION_IDLE_NS = 120 * 1_000_000_000
 """A UDP session (QUIC connection) with no packet for this long is finished (``idle``)."""
 
-ETH_VLAN = (0x8100, 0x88A8, 0x9100)
-IPV6_EXT = (0, 43, 60, 51, 44)
+ETH_VLAN: Final = (0x8100, 0x88A8, 0x9100)
+"""VLAN tag types (802.1Q, 802.1ad, and the older QinQ), compared one by one in the scan."""
+IPV6_EXT: Final = (0, 43, 60, 51, 44)
 """IPv6 extension headers walked before TCP/UDP: hop-by-hop, routing, destination
-options, AH and the fragment header."""
+options, AH and the fragment header (compared one by one in the scan)."""
 
 UdpHandler = Callable[[int, str, str, bytes, int], None]
 
@@ -93,16 +92,56 @@ def _last_ns(flow: TcpFlow) -> int:
     return flow.conn.last_ns
 
 
-def shard_of(key: bytes, rkey: bytes, shards: int) -> int:
-    """The shard (0 to ``shards`` - 1) of a TCP or UDP flow, from either direction's key.
-
-    A CRC-32 of the smaller of the two keys: the same for both directions, and the same
-    in every process (unlike ``hash()`` of bytes, which is salted per process).
-    """
-    return zlib.crc32(key if key < rkey else rkey) % shards
+_HASH_MOD: Final = (1 << 31) - 1
+_HASH_MUL: Final = 1_000_003
 
 
-class FlowTable:
+def flow_hash(buf: bytes, at: int, alen: int, l4: int) -> int:
+    """A hash of a flow's two end points, whose addresses (``alen`` bytes each) are at
+    ``buf[at]`` and ports at ``buf[l4]``: the same in both directions and in every
+    process (unlike ``hash()`` of bytes, salted per process), made without an object
+    per packet. The lower end point (address bytes, then port) is hashed first, as
+    16-bit words of a polynomial modulo a prime."""
+    other = at + alen
+    sport = (buf[l4] << 8) | buf[l4 + 1]
+    dport = (buf[l4 + 2] << 8) | buf[l4 + 3]
+    if alen == 4:
+        a = (buf[at] << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3]
+        b = (buf[other] << 24) | (buf[other + 1] << 16) | (buf[other + 2] << 8) \
+            | buf[other + 3]
+        if a > b or (a == b and sport > dport):
+            a, b, sport, dport = b, a, dport, sport
+        h = ((a >> 16) * _HASH_MUL + (a & 0xFFFF)) % _HASH_MOD
+        h = (h * _HASH_MUL + sport) % _HASH_MOD
+        h = (h * _HASH_MUL + (b >> 16)) % _HASH_MOD
+        h = (h * _HASH_MUL + (b & 0xFFFF)) % _HASH_MOD
+        return (h * _HASH_MUL + dport) % _HASH_MOD
+    first_lower = sport <= dport
+    for i in range(alen):
+        x = buf[at + i]
+        y = buf[other + i]
+        if x != y:
+            first_lower = x < y
+            break
+    if first_lower:
+        return _mix(_mix(0, buf, at, alen, sport), buf, other, alen, dport)
+    return _mix(_mix(0, buf, other, alen, dport), buf, at, alen, sport)
+
+
+def _mix(h: int, buf: bytes, at: int, alen: int, port: int) -> int:
+    for i in range(at, at + alen, 2):
+        h = (h * _HASH_MUL + ((buf[i] << 8) | buf[i + 1])) % _HASH_MOD
+    return (h * _HASH_MUL + port) % _HASH_MOD
+
+
+def shard_of(key: bytes, shards: int) -> int:
+    """The shard (0 to ``shards`` - 1) of a TCP or UDP flow from either direction's key
+    (addresses, then ports: 12 or 36 bytes), as the scan picks it (:func:`flow_hash`)."""
+    alen = (len(key) - 4) // 2
+    return flow_hash(key, 0, alen, 2 * alen) % shards
+
+
+class FlowTable(PacketSink):
     """Scans packets and maintains the TCP flow table."""
 
     def __init__(self, decide: Decider, on_connection: ConnectionSink,
@@ -139,13 +178,17 @@ class FlowTable:
         """Called with the current capture time at every sweep (DNS expiry, ...)."""
         self._next_sweep = SWEEP_EVERY
         """Value of ``packets`` at which the next sweep runs (kept across ``scan`` calls)."""
+        self._pkt = 0
+        """Number of the last packet scanned (from ``first_number`` of the scan)."""
+        self._first = 0
+        self._last = 0
+        """Earliest and latest packet time during a scan (``first_ns`` and ``last_ns``
+        are set from them when it ends)."""
         self.shard = shard
         """``(k, n)``: keep only the TCP and UDP DNS flows whose :func:`shard_of` is k (one
         of n processes reading the same input, see ``netdiag.shard``); None keeps all.
         Everything before the flow key (link, IP, fragments, ``undecoded``, sweeps) is the
         same in every shard."""
-        self._foreign: set[bytes] = set()
-        """Keys of flows of other shards seen lately."""
         self.current = 0
         """Number of the packet being handled (set when sharded: at sweeps and for the
         packets this shard keeps)."""
@@ -166,177 +209,210 @@ class FlowTable:
     # -- scanning ---------------------------------------------------------------------
     def scan(self, packets: Iterable[tuple[int, int, bytes, int]], first_number: int = 1) -> None:
         """Feed ``(ts_ns, linktype, data, wire_len)`` tuples, numbered from ``first_number``."""
-        pkt = first_number - 1
-        npackets = self.packets
-        next_sweep = self._next_sweep
-        udp = self._udp
-        flows_get = self.flows.get
-        shard = self.shard
-        shard_k, shards = shard if shard is not None else (0, 1)
-        foreign = self._foreign
-        crc32 = zlib.crc32
-        # beyond any timestamp a capture can hold (if_tsoffset reaches 2**63 s)
-        first = self.first_ns if self.first_ns is not None else 1 << 126
-        last = self.last_ns if self.last_ns is not None else -(1 << 126)
-        ts = 0
-        for ts, ltype, data, _wire in packets:
-            pkt += 1
-            if ts > last:
-                last = ts
-            if ts < first:
-                first = ts
-            npackets += 1
-            if npackets >= next_sweep:
-                self.packets = npackets
-                next_sweep = self._next_sweep = npackets + SWEEP_EVERY
-                self.current = pkt
-                self.sweep(ts)
-            try:
-                if ltype == 1:
-                    et = (data[12] << 8) | data[13]
-                    off = 14
-                    while et in ETH_VLAN:
-                        et = (data[off + 2] << 8) | data[off + 3]
-                        off += 4
-                elif ltype == 113 or ltype == 276:  # LINUX_SLL, LINUX_SLL2
-                    if ltype == 113:
-                        et = (data[14] << 8) | data[15]
-                        off = 16
-                    else:
-                        et = (data[0] << 8) | data[1]
-                        off = 20
-                    while et in ETH_VLAN:  # a tag the capture put back after the header
-                        et = (data[off + 2] << 8) | data[off + 3]
-                        off += 4
-                elif ltype == 0 or ltype == 108:  # NULL (host byte order), LOOP (network)
-                    fam = int.from_bytes(data[0:4], "big")
-                    if fam > 0xFFFF:
-                        fam = int.from_bytes(data[0:4], "little")
-                    et = 0x0800 if fam == 2 else 0x86DD if fam in (10, 23, 24, 28, 30) else 0
-                    off = 4
-                elif ltype == 101:  # RAW
-                    v = data[0] >> 4
-                    et = 0x0800 if v == 4 else 0x86DD if v == 6 else 0
-                    off = 0
-                elif ltype == 228:  # IPV4
-                    et, off = 0x0800, 0
-                elif ltype == 229:  # IPV6
-                    et, off = 0x86DD, 0
-                else:
-                    self.link_unknown.add(ltype)
-                    self.undecoded += 1
-                    continue
-                if et == 0x0800:
-                    vihl = data[off]
-                    tot = (data[off + 2] << 8) | data[off + 3]
-                    end = off + tot if tot else len(data)  # 0: TSO, take the frame
-                    if end > len(data):
-                        end = len(data)
-                    l4 = off + ((vihl & 15) << 2)
-                    if not 0x45 <= vihl <= 0x4F or l4 > end:  # not v4, ihl < 5, or cut
-                        self.undecoded += 1
-                        continue
-                    proto = data[off + 9]
-                    ttl = data[off + 8]
-                    frag = (data[off + 6] << 8) | data[off + 7]
-                    if frag & 0x3FFF:
-                        whole = self.defrag.add(
-                            ts, data[off + 12:off + 16], data[off + 16:off + 20],
-                            (data[off + 4] << 8) | data[off + 5], proto,
-                            (frag & 0x1FFF) << 3, bool(frag & 0x2000), data[l4:end])
-                        if whole is None:
-                            continue
-                        hdr = data[off + 12:off + 20]
-                        data = hdr + whole
-                        l4, end, addr = 8, 8 + len(whole), hdr
-                    else:
-                        addr = data[off + 12:off + 20]
-                    alen = 4
-                elif et == 0x86DD:
-                    if data[off] >> 4 != 6:
-                        self.undecoded += 1
-                        continue
-                    plen = (data[off + 4] << 8) | data[off + 5]
-                    end = off + 40 + plen if plen else len(data)
-                    if end > len(data):
-                        end = len(data)
-                    proto = data[off + 6]
-                    ttl = data[off + 7]
-                    l4 = off + 40
-                    addr = data[off + 8:off + 40]
-                    alen = 16
-                    while proto in IPV6_EXT:
-                        nproto = data[l4]
-                        if proto == 44:
-                            fo = (data[l4 + 2] << 8) | data[l4 + 3]
-                            if fo & 0xFFF9 == 0:  # atomic fragment: offset 0, no MF
-                                proto = nproto
-                                l4 += 8
-                                continue
-                            whole = self.defrag.add(ts, addr[:16], addr[16:],
-                                                    int.from_bytes(data[l4 + 4:l4 + 8], "big"),
-                                                    nproto, fo & 0xFFF8, bool(fo & 1),
-                                                    data[l4 + 8:end])
-                            if whole is None:
-                                break
-                            # the fragmentable part may start with more extension headers
-                            data = addr + whole
-                            l4, end, proto = 32, 32 + len(whole), nproto
-                            continue
-                        hl = (data[l4 + 1] + 2) << 2 if proto == 51 else (data[l4 + 1] + 1) << 3
-                        proto = nproto
-                        l4 += hl
-                    if proto == 44:  # fragment held until its datagram completes
-                        continue
-                else:
-                    self.undecoded += 1
-                    continue
-            except IndexError:
-                self.undecoded += 1
-                continue
-            # Outside the try: the headers below are bounds-checked, and an IndexError from
-            # the flow or an analyzer is a bug to see, not a packet to count as undecoded.
-            if proto == 6:
-                if l4 + 20 > end or data[l4 + 12] < 0x50:  # cut short, or data offset < 5
-                    self.undecoded += 1
-                    continue
-                flags = data[l4 + 13]
-                key = addr + data[l4:l4 + 4]
-                entry = flows_get(key)
-                if shard is not None:
-                    if entry is None:  # a new flow: ours? (as shard_of, inlined)
-                        if key in foreign:
-                            continue
-                        rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
-                        if crc32(key if key < rkey else rkey) % shards != shard_k:
-                            foreign.add(key)
-                            foreign.add(rkey)
-                            continue
-                    self.current = pkt
-                seq = ((data[l4 + 4] << 24) | (data[l4 + 5] << 16) | (data[l4 + 6] << 8)
-                       | data[l4 + 7])
-                if entry is None or (flags & SYN and not flags & ACK
-                                     and self._new_syn(entry, seq)):
-                    entry = self._new_flow(ts, data, addr, alen, l4, flags, key, entry)
-                    if entry[1] == 1:
-                        entry[0].conn.server_ttl = ttl
-                elif flags & SYN and entry[1] == 1:
-                    entry[0].conn.server_ttl = ttl  # the SYN-ACK: the server's own TTL
-                start = l4 + ((data[l4 + 12] >> 4) << 2)
-                entry[0].packet(entry[1], ts, flags, seq, data[start:end] if end > start else b"",
-                                pkt)
-            elif proto == 17:
-                udp(ts, data, addr, alen, l4, end, pkt)
-        self.packets = npackets
-        if pkt >= first_number:
-            self.first_ns, self.last_ns = first, last
-            self.now_ns = max(self.now_ns, last)
+        self._begin(first_number)
+        packet = self.packet
+        for ts, ltype, data, wire in packets:
+            packet(ts, ltype, data, 0, len(data), wire)
+        self._end(first_number)
 
-    def _udp(self, ts: int, data: bytes, addr: bytes, alen: int, l4: int, end: int,
+    def scan_reader(self, reader: CaptureReader) -> None:
+        """Feed every packet of ``reader`` in place (:meth:`CaptureReader.deliver`: no
+        object per packet), numbered from 1."""
+        self._begin(1)
+        while reader.deliver(self):
+            pass
+        self._end(1)
+
+    def _begin(self, first_number: int) -> None:
+        self._pkt = first_number - 1
+        # beyond any timestamp a capture can hold (if_tsoffset reaches 2**63 s)
+        self._first = self.first_ns if self.first_ns is not None else 1 << 126
+        self._last = self.last_ns if self.last_ns is not None else -(1 << 126)
+
+    def _end(self, first_number: int) -> None:
+        if self._pkt >= first_number:
+            self.first_ns, self.last_ns = self._first, self._last
+            self.now_ns = max(self.now_ns, self._last)
+
+    def packet(self, ts: int, lt: int, buf: bytes, start: int, stop: int, wire: int) -> bool:
+        """One packet, ``buf[start:stop]`` (see :meth:`scan`)."""
+        pkt = self._pkt = self._pkt + 1
+        if ts > self._last:
+            self._last = ts
+        if ts < self._first:
+            self._first = ts
+        npackets = self.packets = self.packets + 1
+        if npackets >= self._next_sweep:
+            self._next_sweep = npackets + SWEEP_EVERY
+            self.current = pkt
+            self.sweep(ts)
+        try:
+            # buf holds other packets beyond stop: every read past it must fail as
+            # reading past the end of the packet itself would
+            if lt == 1:
+                if start + 14 > stop:
+                    raise IndexError
+                et = (buf[start + 12] << 8) | buf[start + 13]
+                off = start + 14
+                while et == 0x8100 or et == 0x88A8 or et == 0x9100:  # ETH_VLAN
+                    if off + 4 > stop:
+                        raise IndexError
+                    et = (buf[off + 2] << 8) | buf[off + 3]
+                    off += 4
+            elif lt == 113 or lt == 276:  # LINUX_SLL, LINUX_SLL2
+                if lt == 113:
+                    if start + 16 > stop:
+                        raise IndexError
+                    et = (buf[start + 14] << 8) | buf[start + 15]
+                    off = start + 16
+                else:
+                    if start + 2 > stop:
+                        raise IndexError
+                    et = (buf[start] << 8) | buf[start + 1]
+                    off = start + 20
+                # a tag the capture put back after the header (ETH_VLAN)
+                while et == 0x8100 or et == 0x88A8 or et == 0x9100:
+                    if off + 4 > stop:
+                        raise IndexError
+                    et = (buf[off + 2] << 8) | buf[off + 3]
+                    off += 4
+            elif lt == 0 or lt == 108:  # NULL (host byte order), LOOP (network)
+                head = buf[start:min(start + 4, stop)]
+                fam = int.from_bytes(head, "big")
+                if fam > 0xFFFF:
+                    fam = int.from_bytes(head, "little")
+                et = 0x0800 if fam == 2 else 0x86DD if fam in (10, 23, 24, 28, 30) else 0
+                off = start + 4
+            elif lt == 101:  # RAW
+                if start >= stop:
+                    raise IndexError
+                v = buf[start] >> 4
+                et = 0x0800 if v == 4 else 0x86DD if v == 6 else 0
+                off = start
+            elif lt == 228:  # IPV4
+                et, off = 0x0800, start
+            elif lt == 229:  # IPV6
+                et, off = 0x86DD, start
+            else:
+                self.link_unknown.add(lt)
+                self.undecoded += 1
+                return False
+            if off >= stop and (et == 0x0800 or et == 0x86DD):
+                raise IndexError
+            if et == 0x0800:
+                vihl = buf[off]
+                if off + 20 > stop:
+                    raise IndexError
+                tot = (buf[off + 2] << 8) | buf[off + 3]
+                end = off + tot if tot else stop  # 0: TSO, take the frame
+                if end > stop:
+                    end = stop
+                l4 = off + ((vihl & 15) << 2)
+                if not 0x45 <= vihl <= 0x4F or l4 > end:  # not v4, ihl < 5, or cut
+                    self.undecoded += 1
+                    return False
+                proto = buf[off + 9]
+                ttl = buf[off + 8]
+                frag = (buf[off + 6] << 8) | buf[off + 7]
+                at = off + 12
+                if frag & 0x3FFF:
+                    whole = self.defrag.add(
+                        ts, buf[off + 12:off + 16], buf[off + 16:off + 20],
+                        (buf[off + 4] << 8) | buf[off + 5], proto,
+                        (frag & 0x1FFF) << 3, bool(frag & 0x2000), buf[l4:end])
+                    if whole is None:
+                        return False
+                    buf = buf[off + 12:off + 20] + whole
+                    at, l4, end = 0, 8, 8 + len(whole)
+                alen = 4
+            elif et == 0x86DD:
+                if buf[off] >> 4 != 6:
+                    self.undecoded += 1
+                    return False
+                if off + 8 > stop:
+                    raise IndexError
+                plen = (buf[off + 4] << 8) | buf[off + 5]
+                end = off + 40 + plen if plen else stop
+                if end > stop:
+                    end = stop
+                proto = buf[off + 6]
+                ttl = buf[off + 7]
+                l4 = off + 40
+                at = off + 8
+                alen = 16
+                while proto in (0, 43, 60, 51, 44):  # IPV6_EXT
+                    if l4 + (4 if proto == 44 else 2) > stop:
+                        raise IndexError
+                    nproto = buf[l4]
+                    if proto == 44:
+                        fo = (buf[l4 + 2] << 8) | buf[l4 + 3]
+                        if fo & 0xFFF9 == 0:  # atomic fragment: offset 0, no MF
+                            proto = nproto
+                            l4 += 8
+                            continue
+                        ident = buf[l4 + 4:min(l4 + 8, stop)]
+                        whole = self.defrag.add(ts, buf[at:at + 16], buf[at + 16:at + 32],
+                                                int.from_bytes(ident, "big"),
+                                                nproto, fo & 0xFFF8, bool(fo & 1),
+                                                buf[l4 + 8:end])
+                        if whole is None:
+                            break
+                        # the fragmentable part may start with more extension headers
+                        buf = buf[at:at + 32] + whole
+                        at, l4, end, proto = 0, 32, 32 + len(whole), nproto
+                        continue
+                    hl = (buf[l4 + 1] + 2) << 2 if proto == 51 else (buf[l4 + 1] + 1) << 3
+                    proto = nproto
+                    l4 += hl
+                if proto == 44:  # fragment held until its datagram completes
+                    return False
+            else:
+                self.undecoded += 1
+                return False
+        except IndexError:
+            self.undecoded += 1
+            return False
+        # Outside the try: the headers below are bounds-checked, and an IndexError from
+        # the flow or an analyzer is a bug to see, not a packet to count as undecoded.
+        if proto == 6:
+            if l4 + 20 > end or buf[l4 + 12] < 0x50:  # cut short, or data offset < 5
+                self.undecoded += 1
+                return False
+            shard = self.shard
+            if shard is not None:
+                if flow_hash(buf, at, alen, l4) % shard[1] != shard[0]:
+                    return False  # another shard's flow
+                self.current = pkt
+            flags = buf[l4 + 13]
+            # the addresses and ports are one run of bytes when no option or extension
+            # header lies between them: one slice
+            key = (buf[at:l4 + 4] if l4 == at + 2 * alen
+                   else buf[at:at + 2 * alen] + buf[l4:l4 + 4])
+            entry = self.flows.get(key)
+            seq = ((buf[l4 + 4] << 24) | (buf[l4 + 5] << 16) | (buf[l4 + 6] << 8)
+                   | buf[l4 + 7])
+            if entry is None or (flags & SYN and not flags & ACK
+                                 and self._new_syn(entry, seq)):
+                entry = self._new_flow(ts, buf, buf[at:at + 2 * alen], alen, l4, flags, key,
+                                       entry)
+                if entry[1] == 1:
+                    entry[0].conn.server_ttl = ttl
+            elif flags & SYN and entry[1] == 1:
+                entry[0].conn.server_ttl = ttl  # the SYN-ACK: the server's own TTL
+            begin = l4 + ((buf[l4 + 12] >> 4) << 2)
+            entry[0].packet(entry[1], ts, flags, seq, buf[begin:end] if end > begin else b"",
+                            pkt)
+        elif proto == 17:
+            self._udp(ts, buf, at, alen, l4, end, pkt)
+        return False
+
+    def _udp(self, ts: int, data: bytes, at: int, alen: int, l4: int, end: int,
              pkt: int) -> None:
+        """A UDP datagram (its addresses at ``data[at]``): QUIC, DNS, or dropped."""
         if l4 + 8 > end:
             self.undecoded += 1
             return
+        addr = data[at:at + 2 * alen]
         sport = (data[l4] << 8) | data[l4 + 1]
         dport = (data[l4 + 2] << 8) | data[l4 + 3]
         ports = self.dns_ports
@@ -348,9 +424,7 @@ class FlowTable:
                                                            sport, dport)):
             shard = self.shard
             if shard is not None:
-                key = addr + data[l4:l4 + 4]
-                rkey = addr[alen:] + addr[:alen] + data[l4 + 2:l4 + 4] + data[l4:l4 + 2]
-                if shard_of(key, rkey, shard[1]) != shard[0]:
+                if flow_hash(data, at, alen, l4) % shard[1] != shard[0]:
                     return
                 self.current = pkt
             src = endpoint(_ntop(addr[:alen]), sport)
@@ -497,8 +571,6 @@ class FlowTable:
         """Finish connections idle too long, or closed and lingering; expire other state."""
         self.now_ns = now_ns
         self.in_sweep = True
-        if len(self._foreign) > FOREIGN_CACHE_MAX:
-            self._foreign.clear()
         done: list[TcpFlow] = []
         for key, (flow, _d) in self.flows.items():
             if key != flow.keys[0]:  # visit each flow once, through its first key

@@ -349,3 +349,76 @@ def test_mutated_valid_packets_never_raise(edits: list[tuple[int, int, bytes]]) 
     h.table.scan(pkts)
     h.table.finish_all()
     assert h.table.packets == len(edits)
+
+
+# -- in place: a packet inside a buffer that holds more bytes after it ---------------------
+
+def _outcome(h: Harness) -> tuple[Any, ...]:
+    """What a scan left: counts, UDP deliveries, every stream's calls and connections."""
+    h.table.finish_all()
+    return (h.table.packets, h.table.undecoded, sorted(h.table.link_unknown), h.udp,
+            [a.events for a in h.analyzers],
+            [(f.conn.client, f.conn.server, f.conn.packets, f.conn.bytes_to_server)
+             for f in h.finished])
+
+
+def _in_place(frames: list[tuple[int, bytes]], after: bytes) -> tuple[Any, ...]:
+    """Each frame handed to ``FlowTable.packet`` inside one buffer, with ``after`` (the
+    next packet's bytes, as a capture file's chunk holds them) right behind it."""
+    h = Harness()
+    buf = b"".join(data + after for _lt, data in frames)
+    start = 0
+    h.table._begin(1)
+    for i, (ltype, data) in enumerate(frames):
+        h.table.packet(T0 + i, ltype, buf, start, start + len(data), len(data))
+        start += len(data) + len(after)
+    h.table._end(1)
+    return _outcome(h)
+
+
+def _alone(frames: list[tuple[int, bytes]]) -> tuple[Any, ...]:
+    h = Harness()
+    h.table.scan([(T0 + i, ltype, data, len(data)) for i, (ltype, data) in enumerate(frames)])
+    return _outcome(h)
+
+
+def _frames_to_cut() -> list[tuple[int, bytes]]:
+    frames = [(c[1], bytes(c[2]())) for c in LINK_CASES]
+    frames += [
+        (lt.LINKTYPE_ETHERNET, bytes(eth() / _v6_ext() / TCP(sport=50000, dport=443,
+                                                             flags="PA") / Raw(b"abc"))),
+        (lt.LINKTYPE_ETHERNET, bytes(eth() / _v6_ext() / UDP(sport=40000, dport=53)
+                                     / Raw(DNS_Q))),
+        (lt.LINKTYPE_RAW, bytes(IP(options=[IPOption_RR()]) / TCP(flags="PA") / Raw(b"x"))),
+        (lt.LINKTYPE_RAW, bytes(IP(flags="MF", frag=0) / UDP(dport=53) / Raw(b"x" * 24))),
+        (lt.LINKTYPE_IPV6, bytes(IPv6(nh=44) / Raw(b"\x11\x00\x00\x01" + b"\x00" * 4
+                                                   + bytes(UDP(dport=53) / Raw(b"q"))))),
+    ]
+    return frames
+
+
+@pytest.mark.parametrize("after", [b"", b"\xff" * 80, bytes(eth() / udp4())],
+                         ids=["end", "ff", "packet"])
+def test_every_truncation_in_place_is_decoded_as_alone(after: bytes) -> None:
+    """Reading past a packet's end must fail as it does when the packet stands alone,
+    whatever follows it in the buffer (``CaptureReader.deliver`` hands packets in place)."""
+    frames = [(ltype, data[:n]) for ltype, data in _frames_to_cut()
+              for n in range(len(data) + 1)]
+    assert _in_place(frames, after) == _alone(frames)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(range(len(LINK_CASES) + 5)), st.integers(0, 80),
+                          st.binary(min_size=1, max_size=8), st.integers(0, 120)),
+                max_size=12),
+       st.binary(min_size=0, max_size=64))
+def test_mutated_packets_in_place_are_decoded_as_alone(
+        edits: list[tuple[int, int, bytes, int]], after: bytes) -> None:
+    bases = _frames_to_cut()
+    frames = []
+    for which, at, patch, cut in edits:
+        ltype, data = bases[which]
+        base = bytearray(data)
+        base[at:at + len(patch)] = patch
+        frames.append((ltype, bytes(base[:cut])))
+    assert _in_place(frames, after) == _alone(frames)
