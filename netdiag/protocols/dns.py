@@ -19,11 +19,14 @@ and question are read by a small bounds-checked parser of our own (it agrees wit
 dnspython's on every input the tests try), the answer section is walked record by
 record, and each answer's rdata is decoded and printed by dnspython
 (``dns.rdata.from_wire``), which stays the parser of record for every value we
-report. Only the first response of a transaction has its answers decoded; queries
-(about 4 µs including the transaction), duplicates and unmatched responses (about
-2 µs) never touch dnspython. A and AAAA texts are memoised by their rdata bytes
-(3 µs for a one-address response on a hit, 18 µs on a miss; a CNAME costs about
-25 µs). Walking record by record also lets a response cut short by the snapshot
+report, except where its text is plain: A and AAAA addresses (class IN, the right
+length) and the names of NS, CNAME and PTR (read by the question's name parser; any
+doubt, such as a name that does not fill its rdata, goes to dnspython). The tests
+compare both on valid and mutated messages. Only the first response of a transaction
+has its answers decoded; queries (about 4 µs including the transaction), duplicates
+and unmatched responses (about 2 µs) never touch dnspython. The texts of rdata that
+holds no compressible name (A, AAAA, TXT, SVCB, HTTPS, CAA) are memoised by their
+bytes. Walking record by record also lets a response cut short by the snapshot
 length keep the answers that were captured whole.
 """
 
@@ -33,9 +36,10 @@ import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import dns.exception
+import dns.ipv6
 import dns.name
 import dns.rcode
 import dns.rdata
@@ -47,17 +51,23 @@ from netdiag.records import DnsTransaction, Request
 
 __all__ = ["MAX_WARNINGS", "DnsAnalyzer", "DnsTcpStream", "name_text", "rdata_text"]
 
-_HEADER = struct.Struct("!HHHHHH")
+_HEADER: Final = struct.Struct("!HHHHHH")
 """id, flags, qdcount, ancount, nscount, arcount."""
-_RR = struct.Struct("!HHIH")
+_RR: Final = struct.Struct("!HHIH")
 """type, class, ttl, rdlength of a resource record, after its owner name."""
-_QTYPE = struct.Struct("!H")
+_QTYPE: Final = struct.Struct("!H")
 
-_QR = 0x8000
-_TC = 0x0200
-_OPT = 41
-_A = 1
-_AAAA = 28
+_QR: Final = 0x8000
+_TC: Final = 0x0200
+_OPT: Final = 41
+_IN: Final = 1
+_A: Final = 1
+_AAAA: Final = 28
+_NAME_TYPES: Final = frozenset({2, 5, 12})
+"""NS, CNAME, PTR: rdata that is one (possibly compressed) name, read by :func:`_read_name`."""
+_MEMO_TYPES: Final = frozenset({_A, _AAAA, 16, 64, 65, 257})
+"""A, AAAA, TXT, SVCB, HTTPS, CAA: rdata whose text depends on its bytes only (no name,
+or a name dnspython reads only uncompressed), memoised by them."""
 _MAX_POINTERS = dns.name.MAX_COMPRESSION_POINTER_CHAIN
 
 _SAFE_LABELS = re.compile(rb"[!#%&'*+,\-/0-9:<=>?A-Z\[\]^_`a-z{|}~]*")
@@ -182,6 +192,27 @@ def _rcode_text(rcode: int) -> str:
     if text is None:
         text = _rcode_texts[rcode] = dns.rcode.to_text(rcode)  # type: ignore[arg-type]
     return text
+
+
+def _name_rdata(wire: bytes, off: int, end: int) -> str | None:
+    """The text of an NS, CNAME or PTR rdata at ``wire[off:end]``, as dnspython prints it
+    (:func:`rdata_text`), read without dnspython; None where dnspython must decide (the
+    name is malformed or does not fill the rdata exactly)."""
+    try:
+        labels, after = _read_name(wire, off)
+    except _Malformed:
+        return None
+    return name_text(labels) if after == end else None
+
+
+def _address_rdata(rdtype: int, wire: bytes, off: int, rdlen: int) -> str | None:
+    """The text of an A or AAAA rdata (class IN) as dnspython prints it; None for other
+    types and wrong lengths (left to dnspython)."""
+    if rdtype == _A and rdlen == 4:
+        return f"{wire[off]}.{wire[off + 1]}.{wire[off + 2]}.{wire[off + 3]}"
+    if rdtype == _AAAA and rdlen == 16:
+        return dns.ipv6.inet_ntoa(wire[off:off + 16])
+    return None
 
 
 _Key = tuple[str, str, str, int, str, int]
@@ -432,11 +463,17 @@ class DnsAnalyzer:
                 end = off + rdlen
                 if end > n:
                     raise _Malformed(f"answer {i + 1} cut short")
-                if rdtype in (_A, _AAAA):
+                if rdclass == _IN and rdtype in _NAME_TYPES:
+                    text = _name_rdata(wire, off, end)
+                    if text is None:
+                        text = self._rdata(rdclass, rdtype, wire, off, rdlen)
+                elif rdclass == _IN and rdtype in _MEMO_TYPES:
                     memo = (rdtype, wire[off:end])
                     text = addresses.get(memo)
                     if text is None:
-                        text = self._rdata(rdclass, rdtype, wire, off, rdlen)
+                        text = _address_rdata(rdtype, wire, off, rdlen)
+                        if text is None:
+                            text = self._rdata(rdclass, rdtype, wire, off, rdlen)
                         if text is not None:
                             if len(addresses) >= _ADDRESS_CACHE_SIZE:
                                 addresses.clear()

@@ -12,6 +12,7 @@ import dns.flags
 import dns.message
 import dns.name
 import dns.rcode
+import dns.rdata
 import dns.rdatatype
 import dns.rrset
 import pytest
@@ -800,3 +801,139 @@ def test_thirdparty_suricata_dns_over_tcp() -> None:
     assert [(t.transport, t.qname, t.responses) for t in txns] == [
         ("tcp", "google.com", 1), ("tcp", "aol.com", 1)]
     assert len(txns[0].answers) == 11 and txns[1].answers[0] == "205.188.100.58"
+
+
+# -- rdata read without dnspython ---------------------------------------------------------
+
+def _answer_message(rrs: list[tuple[str, str]], compress: bool) -> bytes:
+    """A response with these (type, rdata) answers, names compressed by dnspython's
+    renderer or written out in full."""
+    owner = dns.name.from_text("svc.example.com.")
+    q = make_query("svc.example.com", "A")
+    if compress:
+        r = dns.message.make_response(q)
+        for rdtype, text in rrs:
+            r.answer.append(dns.rrset.from_text(owner, 60, "IN", rdtype, text))
+        return r.to_wire()
+    wire = bytearray(dns.message.make_response(q).to_wire())
+    struct.pack_into("!H", wire, 6, len(rrs))
+    for rdtype, text in rrs:
+        rd = dns.rdata.from_text("IN", rdtype, text)
+        body = rd.to_wire()  # no compression table: names in full
+        wire += owner.to_wire() + struct.pack("!HHIH", rd.rdtype, 1, 60, len(body)) + body
+    return bytes(wire)
+
+
+RDATA_SAMPLES = [
+    ("A", "192.0.2.1"), ("AAAA", "2001:db8::1"), ("AAAA", "::ffff:192.0.2.1"),
+    ("AAAA", "::"), ("AAAA", "2001:db8:0:0:1:0:0:1"), ("CNAME", "edge.example.com."),
+    ("CNAME", "svc.example.com."), ("CNAME", "."), ("CNAME", r"we\.ird\032name.example."),
+    ("NS", "ns1.example.com."), ("PTR", "host.example.net."),
+    ("TXT", '"v=spf1 -all" "two"'), ("CAA", '0 issue "ca.example"'),
+    ("HTTPS", '1 . alpn="h2,h3" port=443'), ("HTTPS", '1 svc.example.com. alpn="h3"'),
+    ("SVCB", "0 svc.example.com."), ("MX", "10 mail.example.com."),
+]
+
+
+@st.composite
+def answer_messages(draw: st.DrawFn) -> bytes:
+    """Responses with a few answers of the types read without dnspython, compressed or
+    not, sometimes with bytes changed."""
+    rrs = draw(st.lists(st.sampled_from(RDATA_SAMPLES), min_size=1, max_size=4))
+    data = bytearray(_answer_message(rrs, draw(st.booleans())))
+    for _ in range(draw(st.integers(0, 3))):
+        pos = draw(st.integers(12, len(data) - 1))
+        data[pos] = draw(st.integers(0, 255))
+    return bytes(data)
+
+
+def _dnspython_answers(wire: bytes) -> tuple[list[str], int, str | None]:
+    """What ``DnsAnalyzer._answers`` returns when dnspython decodes every rdata."""
+    from netdiag.protocols import dns as nd
+
+    analyzer = DnsAnalyzer(lambda _t: None)
+    saved = nd._NAME_TYPES, nd._MEMO_TYPES
+    nd._NAME_TYPES, nd._MEMO_TYPES = frozenset(), frozenset()  # type: ignore[misc]
+    try:
+        return analyzer._answers(wire, _after_question(wire), _ancount(wire), 0)
+    finally:
+        nd._NAME_TYPES, nd._MEMO_TYPES = saved  # type: ignore[misc]
+
+
+def _ancount(wire: bytes) -> int:
+    return struct.unpack_from("!H", wire, 6)[0]
+
+
+def _after_question(wire: bytes) -> int:
+    from netdiag.protocols.dns import _skip_name
+
+    return _skip_name(wire, 12) + 4
+
+
+@settings(max_examples=400, deadline=None)
+@given(answer_messages())
+def test_rdata_read_without_dnspython_matches_it(wire: bytes) -> None:
+    from netdiag.protocols.dns import _Malformed
+
+    try:
+        start = _after_question(wire)
+    except _Malformed:
+        return
+    analyzer = DnsAnalyzer(lambda _t: None)
+    got = analyzer._answers(wire, start, _ancount(wire), 0)
+    assert got == _dnspython_answers(wire)
+    # a second time, from the memo
+    assert analyzer._answers(wire, start, _ancount(wire), 0) == got
+
+
+def test_rdata_samples_read_without_dnspython() -> None:
+    """Every sample, compressed and not, once unchanged (the property test mutates)."""
+    for compress in (True, False):
+        wire = _answer_message(RDATA_SAMPLES, compress)
+        got = DnsAnalyzer(lambda _t: None)._answers(wire, _after_question(wire),
+                                                   len(RDATA_SAMPLES), 0)
+        assert got == _dnspython_answers(wire)
+        assert len(got[0]) == len(RDATA_SAMPLES) and got[2] is None
+
+
+def _one_answer(rdtype: int, rdata: bytes, rdclass: int = 1) -> bytes:
+    wire = bytearray(dns.message.make_response(make_query("svc.example.com", "A")).to_wire())
+    struct.pack_into("!H", wire, 6, 1)
+    return bytes(wire + b"\xc0\x0c" + struct.pack("!HHIH", rdtype, rdclass, 60, len(rdata))
+                 + rdata)
+
+
+@pytest.mark.parametrize(("rdtype", "rdata"), [
+    (5, b"\x04edge\xc0\x0c\x00"),          # a byte after the name: rdata longer than it
+    (5, b"\x04edge\x07exam"),              # the name runs past the rdata
+    (5, b"\xc0\x30"),                      # a pointer forwards
+    (5, b"\x03www\xc0\x2b"),               # a pointer into this very name
+    (2, b"\x00"), (12, b"\x02ab\xc0\x10"),  # root; a pointer into the question name
+    (1, b"\x01\x02\x03"), (1, b"\x01\x02\x03\x04\x05"), (28, bytes(15)),  # bad lengths
+    (65, b"\x00\x01\xc0\x0c\x00"),         # HTTPS with a compressed target
+    (65, b"\x00\x01\x00\x00\x01\x00\x03\x02h3"),
+])
+@pytest.mark.parametrize("rdclass", [1, 3])
+def test_rdata_edge_cases_match_dnspython(rdtype: int, rdata: bytes, rdclass: int) -> None:
+    wire = _one_answer(rdtype, rdata, rdclass)
+    analyzer = DnsAnalyzer(lambda _t: None)
+    got = analyzer._answers(wire, _after_question(wire), 1, 0)
+    assert got == _dnspython_answers(wire)
+    assert analyzer._answers(wire, _after_question(wire), 1, 0) == got
+
+
+def test_rdata_memo_never_serves_a_name_read_elsewhere_in_the_message() -> None:
+    """Rdata naming the question name through a compression pointer (MX reads it; HTTPS
+    must not be compressed, which dnspython refuses): the same rdata bytes in messages
+    with other question names, through one analyzer, decode as dnspython decodes each."""
+    analyzer = DnsAnalyzer(lambda _t: None)
+    for rdtype, rdata in ((15, b"\x00\x0a\xc0\x0c"), (65, b"\x00\x01\xc0\x0c\x00")):
+        texts = []
+        for qname in ("one.example", "two.example"):
+            wire = bytearray(dns.message.make_response(make_query(qname, "A")).to_wire())
+            struct.pack_into("!H", wire, 6, 1)
+            wire += b"\xc0\x0c" + struct.pack("!HHIH", rdtype, 1, 60, len(rdata)) + rdata
+            got = analyzer._answers(bytes(wire), _after_question(bytes(wire)), 1, 0)
+            assert got == _dnspython_answers(bytes(wire))
+            texts.append(got[0])
+        assert rdtype != 15 or texts[0] != texts[1]
