@@ -15,18 +15,19 @@ carried by a SYN (TCP Fast Open) is part of the stream.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from netdiag.flows.stream import StreamAnalyzer
 from netdiag.limits import LIMIT_HELD_BYTES, LIMIT_OUT_OF_ORDER, Limits
 from netdiag.records import RETRANSMISSION_TIMES_CAP, Connection
 
-FIN = 0x01
-SYN = 0x02
-RST = 0x04
-ACK = 0x10
+FIN: Final = 0x01
+SYN: Final = 0x02
+RST: Final = 0x04
+ACK: Final = 0x10
 
-MASK32 = 0xFFFFFFFF
-HALF32 = 0x80000000
+MASK32: Final = 0xFFFFFFFF
+HALF32: Final = 0x80000000
 MAX_OOO_SEGMENTS = 1024
 """Out-of-order segments held per direction before the missing bytes are declared lost."""
 MAX_OOO_BYTES = 8 << 20

@@ -149,7 +149,7 @@ from netdiag.records import Request, ns_to_ts
 if TYPE_CHECKING:
     from hpack import Decoder
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """The client connection preface (24 bytes)."""
 SHARED_HEADERS_MAX = 1 << 14
 """Decoded header fields kept once and shared by every request that repeats them

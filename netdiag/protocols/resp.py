@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.records import Request
@@ -105,9 +105,9 @@ _LINE = 0  # reading a line: a type byte and what follows it up to CRLF
 _BULK = 1  # inside a bulk string payload (``rem`` bytes left, CRLF included)
 _CHUNK = 2  # a streamed string (``$?``): expecting a ``;<len>`` chunk line
 _SKIPLINE = 3  # skipping the rest of an over-long scalar line
-_STOPPED = 4  # not parsed any more
+_STOPPED: Final = 4  # not parsed any more
 
-_NAMES = ("client", "server")
+_NAMES: Final = ("client", "server")
 
 # Type bytes.
 _ARRAY, _MAP, _SET, _PUSH, _ATTR = 0x2A, 0x25, 0x7E, 0x3E, 0x7C  # * % ~ > |

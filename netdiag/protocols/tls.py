@@ -57,7 +57,7 @@ direction.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from netdiag.protocols.base import AnalyzerKind, add_warning
 from netdiag.protocols.tls_infer import DEFAULT_SMALL, DEFAULT_TAIL_GAP_NS, ExchangeInferrer
@@ -76,11 +76,11 @@ from netdiag.tls.names import (
     version_name,
 )
 
-CT_CHANGE_CIPHER_SPEC = 20
-CT_ALERT = 21
-CT_HANDSHAKE = 22
-CT_APPLICATION_DATA = 23
-CT_HEARTBEAT = 24
+CT_CHANGE_CIPHER_SPEC: Final = 20
+CT_ALERT: Final = 21
+CT_HANDSHAKE: Final = 22
+CT_APPLICATION_DATA: Final = 23
+CT_HEARTBEAT: Final = 24
 
 HS_CLIENT_HELLO = 1
 HS_SERVER_HELLO = 2
@@ -89,7 +89,7 @@ HS_NEW_SESSION_TICKET = 4
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
 """ServerHello.random of a HelloRetryRequest: SHA-256("HelloRetryRequest")."""
 
-MAX_RECORD_LENGTH = 16384 + 2048
+MAX_RECORD_LENGTH: Final = 16384 + 2048
 """Longest TLSCiphertext fragment any version allows (TLS 1.2: 2^14 + 2048)."""
 
 MAX_HELLO_LENGTH = 1 << 17

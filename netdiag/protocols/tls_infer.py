@@ -76,6 +76,8 @@ HTTP/2 and HTTP/1.x analyzers instead.
 
 from __future__ import annotations
 
+from typing import Final
+
 from netdiag.records import Request
 
 CONTROL_MAX_PLAINTEXT = 9
@@ -85,7 +87,7 @@ CONTROL_PLAINTEXT_SIZES = frozenset({13, 22, 26, 35, 39})
 """Other plaintext sizes taken as HTTP/2 control: WINDOW_UPDATE/RST_STREAM (13) and
 their combinations with each other and with a SETTINGS ACK (9)."""
 
-AMBIGUOUS_SERVER_PLAINTEXT = 17
+AMBIGUOUS_SERVER_PLAINTEXT: Final = 17
 """A server record of this plaintext size is a PING, a GOAWAY without debug data (sent
 at idle close) or a small HPACK-indexed response HEADERS: held back (module doc)."""
 
@@ -95,9 +97,9 @@ DEFAULT_SMALL = 40
 DEFAULT_TAIL_GAP_NS = 2_000_000
 """Default longest pause inside the handshake-tail burst (2 ms)."""
 
-_TAIL_OFF = 0
-_TAIL_ARMED = 1
-_TAIL_PENDING = 2
+_TAIL_OFF: Final = 0
+_TAIL_ARMED: Final = 1
+_TAIL_PENDING: Final = 2
 
 
 class ExchangeInferrer:
