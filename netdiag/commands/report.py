@@ -210,7 +210,7 @@ def _records_may_pass(files: list[str], budget: int | None) -> bool:
 def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                 progress: bool | None, profile: Any, output: str | None,
                 interval_ns: int | None, fleet_run: Any = None) -> Any:
-    from netdiag.gcpolicy import tune_for_analysis
+    from netdiag.gcpolicy import settle, tune_for_analysis
     from netdiag.pipeline import analyze
     from netdiag.report.records_out import CollectingSink, JsonlSink
 
@@ -260,6 +260,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
         else:
             csink = CollectingSink()
             result = analyzed(csink)
+            settle()  # the records stay until the report is written
     finally:
         if bar is not None:
             bar.stop()

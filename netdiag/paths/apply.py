@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netdiag.analysis.findings import Thresholds
+from netdiag.gcpolicy import paused
 from netdiag.paths.attribute import attribute
 from netdiag.paths.budget import (
     MIN_SAMPLES,
@@ -70,16 +71,18 @@ def analyze_paths(connections: list[Connection], dns_records: Sequence[DnsTransa
     """Attribute every connection (sets ``conn.path``), link chains, build the budgets,
     compare paths and derive the path findings; with ``load``, the time series per
     path and interval (``interval_ns``, default chosen from the capture) and the knees."""
-    chains = attribute(connections, profile)
-    budgets = build_budgets(connections, dns_records, chains, profile)
-    diffs = compare_all(budgets, seed=seed, resamples=resamples, min_samples=min_samples)
-    findings = path_findings(budgets, diffs, chains, thresholds, path_thresholds)
-    findings = [*findings, *edge_findings(connections, profile)]
-    built = None
-    if load:
-        built = load_of_paths(connections, dns_records, budgets).build(interval_ns, seed=seed)
-        findings.extend(built.findings)
-    return PathsAnalysis(profile, chains, budgets, diffs, findings, chains.table(), built)
+    with paused():
+        chains = attribute(connections, profile)
+        budgets = build_budgets(connections, dns_records, chains, profile)
+        diffs = compare_all(budgets, seed=seed, resamples=resamples, min_samples=min_samples)
+        findings = path_findings(budgets, diffs, chains, thresholds, path_thresholds)
+        findings = [*findings, *edge_findings(connections, profile)]
+        built = None
+        if load:
+            built = load_of_paths(connections, dns_records, budgets).build(interval_ns,
+                                                                          seed=seed)
+            findings.extend(built.findings)
+        return PathsAnalysis(profile, chains, budgets, diffs, findings, chains.table(), built)
 
 
 def annotate_document(doc: dict[str, Any], connections: Sequence[Connection],

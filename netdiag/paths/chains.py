@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappush, heapreplace
 from itertools import pairwise
-from typing import Any
+from typing import Any, Final
 
 from netdiag.paths.profile import split_endpoint
 from netdiag.records import Connection, Request
@@ -102,9 +102,9 @@ one leaves the link ``ambiguous``."""
 VIABLE_SHARE = 0.5 * PROXY_MIN_SHARE
 """Share of a child group's requests a pair's first estimate must link for the pair to
 go through the refined rounds (unless its children come from the parent's address)."""
-_BLOCK_SHIFT = 5
-_BLOCK = 1 << _BLOCK_SHIFT
-_BLOCK_MASK = _BLOCK - 1
+_BLOCK_SHIFT: Final = 5
+_BLOCK: Final = 1 << _BLOCK_SHIFT
+_BLOCK_MASK: Final = _BLOCK - 1
 """Parents are scanned in blocks of 32 by start time, each with its latest end."""
 
 
@@ -233,6 +233,9 @@ class Node:
     opened: bool = False
     """Its connection was opened while the parent waited, for this request: the TCP
     and TLS handshakes count as this hop's setup time."""
+    ranks: tuple[int, ...] = ()
+    """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
+    :func:`_rank`, so that sorting and comparing by arrival is by one integer."""
 
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
@@ -408,11 +411,17 @@ class Chains:
     (requests of a parent group walked past because they did not contain the child),
     ``links_weighed`` (candidate links given to the assignment, over its rounds)."""
 
+    _roots: list[Node] | None = field(default=None, repr=False, compare=False)
+    """The roots once found (:attr:`roots`)."""
+
     @property
     def roots(self) -> list[Node]:
-        """Requests no captured request caused, in time order."""
-        return sorted((n for n in self.nodes.values() if n.parent is None),
-                      key=lambda n: (n.ts_ns, n.conn_id, n.index))
+        """Requests no captured request caused, in time order (found once: the links
+        are made before the chains are)."""
+        if self._roots is None:
+            self._roots = sorted((n for n in self.nodes.values() if n.parent is None),
+                                 key=lambda n: (n.ts_ns, n.conn_id, n.index))
+        return list(self._roots)
 
     def node(self, conn_id: str, index: int) -> Node | None:
         return self.nodes.get((conn_id, index))
@@ -592,13 +601,48 @@ def _order(n: Node, end: bool, child: bool = False) -> tuple[int, int, str, int]
     return _anchor_ns(n, end, child), n.ts_ns, n.conn_id, n.index
 
 
+def _set_ranks(nodes: Sequence[Node]) -> None:
+    """Each node's place in the four arrival orders (:func:`_order` by start or first
+    byte, as a parent or as a child): ``node.ranks``, read by :func:`_rank`. The orders
+    are total (a node's connection and index break every tie): each is sorted by its
+    anchor time, then by the place in the order by start (the first of the four), as
+    one integer per node."""
+    n = len(nodes)
+    base = [0] * n
+    at = [0] * n  # the node at each place of the order by start
+    for r, t in enumerate(sorted([(nd.ts_ns, nd.conn_id, nd.index, i)
+                                  for i, nd in enumerate(nodes)])):
+        base[t[3]] = r
+        at[r] = t[3]
+    places: list[list[int]] = [base]
+    for v in range(1, 4):
+        end, child = bool(v & 1), bool(v & 2)
+        anchors = [_anchor_ns(nd, end, child) for nd in nodes]
+        if all(a == nd.ts_ns for a, nd in zip(anchors, nodes, strict=True)):
+            places.append(base)  # every anchor is the start: the order by start
+            continue
+        low = min(anchors)
+        keys = sorted([(a - low) * n + base[i] for i, a in enumerate(anchors)])
+        place = [0] * n
+        for r, k in enumerate(keys):
+            place[at[k % n]] = r
+        places.append(place)
+    for i, nd in enumerate(nodes):
+        nd.ranks = (places[0][i], places[1][i], places[2][i], places[3][i])
+
+
+def _rank(n: Node, end: bool, child: bool = False) -> int:
+    """The node's place in the arrival order :func:`_order` (``end``, ``child``) gives."""
+    return n.ranks[(2 if child else 0) + (1 if end else 0)]
+
+
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
     """Parents and children in the same order (first come, first served). Two answers
     relayed in one packet say nothing of their order: their starts decide then."""
     if end and _anchor_ns(p1, True) == _anchor_ns(p2, True):
         end = False
-    return ((_order(p1, end) < _order(p2, end))
-            == (_order(c1, end, True) < _order(c2, end, True)))
+    return ((_rank(p1, end) < _rank(p2, end))
+            == (_rank(c1, end, True) < _rank(c2, end, True)))
 
 
 def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
@@ -607,8 +651,8 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
     preserves order (a proxy forwards, and relays answers, first come first served):
     swap the children of neighbouring parents whose children are out of order when the
     swap costs no more than that."""
-    by_pair = {(id(e.parent), id(e.child)): e for e in edges}
-    chosen = sorted(taken.values(), key=lambda e: _order(
+    by_pair: dict[tuple[int, int], _Edge] | None = None  # built at the first need
+    chosen = sorted(taken.values(), key=lambda e: _rank(
         e.parent, ends.get((e.pgroup, e.cgroup), False)))
     for _ in range(8):
         changed = False
@@ -619,6 +663,8 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
             end = ends.get((a.pgroup, a.cgroup), False)
             if _in_order(a.parent, a.child, b.parent, b.child, end):
                 continue
+            if by_pair is None:
+                by_pair = {(id(e.parent), id(e.child)): e for e in edges}
             x = by_pair.get((id(a.parent), id(b.child)))
             y = by_pair.get((id(b.parent), id(a.child)))
             if x is None or y is None or x.cost + y.cost - a.cost - b.cost > AMBIGUITY_MS:
@@ -641,13 +687,13 @@ def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
     answers are relayed in the order they came back). A weighted longest increasing
     chain over the candidate links, with a Fenwick tree of prefix maxima: O(E log n)."""
     parents = sorted({id(e.parent): e.parent for e in edges}.values(),
-                     key=lambda n: _order(n, end))
+                     key=lambda n: _rank(n, end))
     pidx = {id(p): i for i, p in enumerate(parents)}
     by_child: dict[int, list[_Edge]] = defaultdict(list)
     for e in edges:
         by_child[id(e.child)].append(e)
     children = sorted((lst[0].child for lst in by_child.values()),
-                      key=lambda n: _order(n, end, True))
+                      key=lambda n: _rank(n, end, True))
     size = len(parents)
     best = [-1.0] * (size + 1)
     ptr = [-1] * (size + 1)
@@ -691,26 +737,13 @@ def _decisive(edges: Sequence[_Edge], taken: dict[int, _Edge], used: set[int]) -
     """Take the links the evidence decides: the child's cheapest free parent, by at
     least :data:`DECISIVE_MS`, whose own cheapest free child it is, by as much. Repeated
     while that frees decisions (at most a few rounds)."""
-    inf = float("inf")
-
-    def keep(d: dict[int, list[Any]], key: int, e: _Edge) -> None:
-        two = d.get(key)  # [best edge, best cost, second cost]
-        if two is None:
-            d[key] = [e, e.cost, inf]
-        elif e.cost < two[1]:
-            two[0], two[1], two[2] = e, e.cost, two[1]
-        elif e.cost < two[2]:
-            two[2] = e.cost
-
+    free = [e for e in edges if id(e.child) not in taken and id(e.parent) not in used]
     for _ in range(6):
-        best_c: dict[int, list[Any]] = {}
+        best_c: dict[int, list[Any]] = {}  # [best edge, best cost, second cost]
         best_p: dict[int, list[Any]] = {}
-        for e in edges:
-            c, p = id(e.child), id(e.parent)
-            if c in taken or p in used:
-                continue
-            keep(best_c, c, e)
-            keep(best_p, p, e)
+        for e in free:
+            _keep(best_c, id(e.child), e)
+            _keep(best_p, id(e.parent), e)
         added = 0
         for e, cost, runner_up in best_c.values():
             if runner_up - cost < DECISIVE_MS:
@@ -725,6 +758,33 @@ def _decisive(edges: Sequence[_Edge], taken: dict[int, _Edge], used: set[int]) -
             added += 1
         if not added:
             return
+        free = [e for e in free if id(e.child) not in taken and id(e.parent) not in used]
+
+
+def _keep(best: dict[int, list[Any]], key: int, e: _Edge) -> None:
+    """Keep ``e`` among the two cheapest links of ``key`` (:func:`_decisive`)."""
+    two = best.get(key)
+    cost = e.cost
+    if two is None:
+        best[key] = [e, cost, _INF]
+    elif cost < two[1]:
+        two[0], two[1], two[2] = e, cost, two[1]
+    elif cost < two[2]:
+        two[2] = cost
+
+
+def _separate(edges: Sequence[_Edge]) -> bool:
+    """No two edges share a child or a parent (the common case of requests that do not
+    overlap in time)."""
+    children: set[int] = set()
+    parents: set[int] = set()
+    for e in edges:
+        c, p = id(e.child), id(e.parent)
+        if c in children or p in parents:
+            return False
+        children.add(c)
+        parents.add(p)
+    return True
 
 
 def _assign(edges: list[_Edge], second: bool,
@@ -734,8 +794,16 @@ def _assign(edges: list[_Edge], second: bool,
     what timing alone cannot tell apart; then, cheapest first, children left over with
     parents still free (``second``: then also with parents that already have a child of
     the kind). Returns child node id -> edge."""
+    if _separate(edges):
+        # what the steps below give then: every link taken, those by equal ids first
+        # (decisive takes each other one: it is its child's and its parent's only one)
+        taken = {id(e.child): e for e in edges if e.rid}
+        for e in edges:
+            if not e.rid:
+                taken[id(e.child)] = e
+        return taken
     ends = ends or {}
-    taken: dict[int, _Edge] = {}
+    taken = {}
     used: set[int] = set()
     for e in edges:
         if e.rid and id(e.child) not in taken and id(e.parent) not in used:
@@ -949,6 +1017,48 @@ class _Parents:
                              [starts[k] for k in fb_pos]),
                    _Order.of([starts[k] for k in nofb_pos], nofb_pos,
                              [ends[k] for k in nofb_pos], None))
+
+
+class _PairCount:
+    """A pair of groups being decided by :meth:`_Linker._hopeless_pairs`: the parent
+    group's requests by start, and the children found inside one or not so far."""
+
+    __slots__ = ("block_ends", "ends", "hits", "hopeless", "longest", "lst", "misses", "pg",
+                 "starts")
+
+    def __init__(self, pg: tuple[Any, ...], lst: list[Node], starts: list[int],
+                 ends: list[int], block_ends: list[int], longest: int) -> None:
+        self.pg = pg
+        self.lst = lst
+        self.starts = starts
+        self.ends = ends
+        self.block_ends = block_ends
+        self.longest = longest
+        self.hits = 0
+        self.misses = 0
+        self.hopeless = False
+
+
+def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
+    """A request of the parent group, on another connection to another server, whose
+    window holds ``[u_ts, u_end]`` (the newest :data:`MAX_SCAN` that began by
+    ``u_ts``, walked as :func:`_ending_after` does)."""
+    starts, ends, block_ends, lst = pc.starts, pc.ends, pc.block_ends, pc.lst
+    lo = bisect_left(starts, u_end - pc.longest)
+    hi = bisect_right(starts, u_ts)
+    stop = max(lo, hi - MAX_SCAN)
+    server = uc.server
+    k = hi - 1
+    while k >= stop:
+        if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
+            k -= _BLOCK
+            continue
+        if ends[k] >= u_end:
+            p = lst[k]
+            if p.conn is not uc and p.server != server:
+                return True
+        k -= 1
+    return False
 
 
 def _find(nxt: list[int], i: int) -> int:
@@ -1211,7 +1321,7 @@ class _Linker:
         declared, hopeless = self.pair_info[pair]
         if end:
             kids = [u for u in kids if u.fb_ns is not None]
-        kids = sorted(kids, key=lambda n: _order(n, end, True))
+        kids = sorted(kids, key=lambda n: _rank(n, end, True))
         future = [0] * len(kids)  # the least end of the children from this one on
         least = None
         for i in range(len(kids) - 1, -1, -1):
@@ -1228,7 +1338,7 @@ class _Linker:
                 same = self._same_rid(u).get(pg, ())
                 if end:
                     same = sorted((p for p in same if p.fb_ns is not None),
-                                  key=lambda p: _order(p, True))
+                                  key=lambda p: _rank(p, True))
                 for p in same:
                     if id(p) in used:
                         continue
@@ -1716,38 +1826,29 @@ class _Linker:
         # each pair is decided as soon as its count of children inside a parent reaches
         # the share (it stays) or can no longer reach it (hopeless)
         need = {cg: PROXY_MIN_SHARE * sizes[cg] for cg in undecided}
-        hits: dict[tuple[Any, Any], int] = defaultdict(int)
-        misses: dict[tuple[Any, Any], int] = defaultdict(int)
+        counts = {cg: [_PairCount(e[0], e[2], e[3], e[4], e[5], e[6]) for e in entries]
+                  for cg, entries in undecided.items()}
         hopeless: set[tuple[Any, Any]] = set()
         for u in self.nodes:
             cg = u.group
-            active = undecided[cg]
+            active = counts[cg]
             if not active:
                 continue
             u_end, u_ts, uc = u.end_ns, u.ts_ns, u.conn
+            need_cg, size_cg = need[cg], sizes[cg]
             decided = False
-            for entry in active:
-                pg, _declared, lst, starts, ends, block_ends, longest = entry
-                lo = bisect_left(starts, u_end - longest)
-                hi = bisect_right(starts, u_ts)
-                found = False
-                for k in _ending_after(ends, block_ends, hi, max(lo, hi - MAX_SCAN), u_end):
-                    p = lst[k]
-                    if p.conn is not uc and p.server != uc.server:
-                        found = True
-                        break
-                pair = (pg, cg)
-                if found:
-                    hits[pair] += 1
-                    decided = decided or hits[pair] >= need[cg]
+            for pc in active:
+                if _holds_other(pc, u_ts, u_end, uc):
+                    pc.hits += 1
+                    decided = decided or pc.hits >= need_cg
                 else:
-                    misses[pair] += 1
-                    if sizes[cg] - misses[pair] < need[cg]:
-                        hopeless.add(pair)
+                    pc.misses += 1
+                    if size_cg - pc.misses < need_cg:
+                        pc.hopeless = True
+                        hopeless.add((pc.pg, cg))
                         decided = True
             if decided:
-                undecided[cg] = [e for e in active if (e[0], cg) not in hopeless
-                                 and hits[(e[0], cg)] < need[cg]]
+                counts[cg] = [pc for pc in active if not pc.hopeless and pc.hits < need_cg]
         return hopeless
 
     def _client_ip(self, c: Connection) -> str:
@@ -1966,6 +2067,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         if first_index is not None and c.syn_ns is not None \
                 and c.syn_ns <= c.requests[first_index].ts_ns:
             nodes[(c.id, first_index)].syn_first_ns = c.syn_ns
+    _set_ranks(list(nodes.values()))
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
     linker.prepare()
 

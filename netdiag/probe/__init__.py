@@ -21,24 +21,11 @@ plain dataclasses with ``to_json()``; the commands only format them.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
+from netdiag.gcpolicy import paused as gc_paused
 
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while one request is being timed.
-
-    A full collection in a process holding many objects takes milliseconds, and would
-    land in whichever phase happened to be running (``timeit`` switches it off for
-    the same reason). Reference counting still frees memory; the collector catches up
-    between requests.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+__all__ = ["gc_paused"]
+"""``gc_paused()``: the cyclic collector off while one request is timed (a full
+collection in a process holding many objects takes milliseconds, and would land in
+whichever phase happened to be running; ``timeit`` switches it off for the same
+reason). Reference counting still frees memory; the collector catches up between
+requests."""

@@ -147,3 +147,29 @@ def test_a_candidate_left_out_as_cheap_leaves_the_link_ambiguous(
     n = chains.node("C9", 0)
     assert n is not None and n.parent is not None
     assert n.link == "ambiguous" and n.candidates == 5
+
+
+def test_arrival_ranks_are_the_arrival_orders() -> None:
+    """``_set_ranks`` (one integer per node and order) sorts as :func:`_order` does, in
+    all four orders, with ties on the anchor broken by start, connection and index."""
+    from netdiag.paths.chains import Node, _order, _rank, _set_ranks
+
+    rng = random.Random(5)
+    conns = []
+    for c in range(40):
+        reqs = []
+        for _ in range(rng.randint(1, 4)):
+            ts = rng.choice([0.0, 1.0, 2.5]) + rng.randint(0, 3)  # many equal starts
+            fb = None if rng.random() < 0.2 else ts + rng.choice([0.5, 1.0, 2.0])
+            reqs.append(req(ts, fb, None if fb is None else fb + 1))
+        conns.append(conn(f"C{c + 1}", "10.0.0.1:5000", ROUTER, reqs))
+    nodes = [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
+    for k, nd in enumerate(nodes):
+        if k % 3 == 0:
+            nd.syn_first_ns = nd.ts_ns - rng.choice([0, 100, 10**6])
+    _set_ranks(nodes)
+    for end in (False, True):
+        for child in (False, True):
+            want = sorted(nodes, key=lambda nd: _order(nd, end, child))
+            got = sorted(nodes, key=lambda nd: _rank(nd, end, child))
+            assert [nd.key for nd in got] == [nd.key for nd in want]
