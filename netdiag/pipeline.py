@@ -237,13 +237,15 @@ class _Run:
             hits = an.limits_hit
             if hits:
                 self.limits.add(hits)
-            kind = an.kind
-            where = f"{conn.id} {conn.client} -> {conn.server}"
-            for msg in an.warnings:
-                self.facts.warn(Warning_(kind, f"{where}: {msg}"))
-            if flow.failure is not None:
-                self.facts.warn(Warning_(kind, f"{where}: {kind} {flow.failure}; "
-                                               "please report this netdiag bug"))
+            warnings = an.warnings
+            if warnings or flow.failure is not None:
+                kind = an.kind
+                where = f"{conn.id} {conn.client} -> {conn.server}"
+                for msg in warnings:
+                    self.facts.warn(Warning_(kind, f"{where}: {msg}"))
+                if flow.failure is not None:
+                    self.facts.warn(Warning_(kind, f"{where}: {kind} {flow.failure}; "
+                                                   "please report this netdiag bug"))
         self.summary.add_connection(conn)
         self.sink.connection(conn)
 

@@ -35,6 +35,11 @@ class _Top:
         elif item > self.heap[0]:
             heapq.heapreplace(self.heap, item)
 
+    def keeps(self, value: float) -> bool:
+        """Would :meth:`add` keep ``value`` now? (Its payload can then be made only when
+        it is: items compare by value, then by arrival, never by payload.)"""
+        return len(self.heap) < self.k or (value, -(self.n + 1)) > self.heap[0][:2]
+
     def items(self) -> list[tuple[float, str]]:
         """``(value, label)`` pairs, largest first."""
         return [(v, lab) for v, _n, lab, _p in sorted(self.heap, reverse=True)]
@@ -175,8 +180,12 @@ class SummaryBuilder:
                     self._add_stream(c.id, r)
             if worst is not None:
                 self.http_slowest_ttfb.add(worst, c.id)
-        row = slow_row(c)
-        self.slowest_connections.add(row["worst_ms"], c.id, row)
+        worst_ms = _worst_ms(c)
+        top = self.slowest_connections
+        if top.keeps(worst_ms):
+            top.add(worst_ms, c.id, slow_row(c))
+        else:
+            top.n += 1  # counted as add() counts what it does not keep
 
     def _add_tcp(self, c: Connection) -> None:
         self.tcp_connections += 1
@@ -325,8 +334,8 @@ class NoSummary(SummaryBuilder):
         pass
 
 
-def slow_row(c: Connection) -> dict[str, Any]:
-    """What the terminal shows of a connection among the slowest ones."""
+def _slow_figures(c: Connection) -> tuple[float | None, float | None, float | None, float]:
+    """(handshake RTT, TLS handshake, worst time to first byte, the worst of them) in ms."""
     rtt = None
     if c.syn_ns is not None and c.handshake_ack_ns is not None:
         rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
@@ -336,6 +345,17 @@ def slow_row(c: Connection) -> dict[str, Any]:
     ttfbs = [(r.first_byte_ns - r.ts_ns) / 1e6 for r in c.requests if r.first_byte_ns is not None]
     ttfb = max(ttfbs) if ttfbs else None
     worst = max(v for v in (rtt, tls_ms, ttfb, 0.0) if v is not None)
+    return rtt, tls_ms, ttfb, worst
+
+
+def _worst_ms(c: Connection) -> float:
+    """The figure the slowest connections are ranked by (:func:`slow_row`'s ``worst_ms``)."""
+    return _slow_figures(c)[3]
+
+
+def slow_row(c: Connection) -> dict[str, Any]:
+    """What the terminal shows of a connection among the slowest ones."""
+    rtt, tls_ms, ttfb, worst = _slow_figures(c)
     return {"id": c.id, "client": c.client, "server": c.server,
             "sni": c.tls.sni if c.tls is not None else None, "protocol": c.protocol,
             "rtt_ms": rtt, "tls_ms": tls_ms, "ttfb_ms": ttfb, "requests": len(c.requests),
