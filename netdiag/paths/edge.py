@@ -791,17 +791,6 @@ def edge_findings(connections: Sequence[Connection],
     return out
 
 
-def annotate_edges(doc: dict[str, Any], connections: Sequence[Connection],
-                   profile: Profile | None = None) -> None:
-    """Write ``edge`` into each ``doc["connections"][]`` whose id is among
-    ``connections``, and ``upstream`` into each of its request dicts (in order)."""
-    by_id = {c.id: c for c in connections}
-    for cj in doc.get("connections", []):
-        conn = by_id.get(str(cj.get("id"))) if isinstance(cj, dict) else None
-        if conn is not None:
-            annotate_edge(cj, conn, profile)
-
-
 def annotate_edge(cj: dict[str, Any], conn: Connection, profile: Profile | None = None) -> None:
     """Write ``edge`` into one connection's dict ``cj`` and ``upstream`` into each of its
     request dicts (in order)."""

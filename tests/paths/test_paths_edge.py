@@ -525,14 +525,15 @@ def test_exceeding_splits_are_left_out_and_said() -> None:
 
 
 def test_annotate_only_touches_known_connections() -> None:
-    from netdiag.paths.edge import annotate_edges
+    from netdiag.paths.apply import analyze_paths, annotate_document
 
     conns = _cf_connections(1)
     doc: dict[str, Any] = {"connections": [{"id": "C999", "requests": [{}]},
                                            conns[0].to_json(), "junk"]}
-    annotate_edges(doc, conns)
+    annotate_document(doc, conns, analyze_paths(conns, []))
     assert doc["connections"][0] == {"id": "C999", "requests": [{}]}
     assert doc["connections"][1]["edge"]["name"] == "cloudflare"
+    assert doc["connections"][2] == "junk"
 
 
 # --------------------------------------------------------------------------- live
