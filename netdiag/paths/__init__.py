@@ -18,20 +18,23 @@ touches a socket.
 
 from __future__ import annotations
 
-from netdiag.paths.apply import PathsAnalysis, analyze_paths, annotate_document, apply_paths
-from netdiag.paths.attribute import attribute
-from netdiag.paths.profile import Match, PathDef, Profile, Rule, load_profile, parse_profile
+import importlib
+from typing import Any
 
-__all__ = [
-    "Match",
-    "PathDef",
-    "PathsAnalysis",
-    "Profile",
-    "Rule",
-    "analyze_paths",
-    "annotate_document",
-    "apply_paths",
-    "attribute",
-    "load_profile",
-    "parse_profile",
-]
+_WHERE = {
+    "PathsAnalysis": "apply", "analyze_paths": "apply", "annotate_document": "apply",
+    "apply_paths": "apply", "attribute": "attribute", "Match": "profile", "PathDef": "profile",
+    "Profile": "profile", "Rule": "profile", "load_profile": "profile",
+    "parse_profile": "profile",
+}
+"""The package's names and their modules, imported at first use: reading a profile
+(``--format jsonl`` does) then does not load the linker, budgets and findings."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -72,9 +72,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Any
-
-from aioquic.quic.crypto import CryptoContext
+from typing import TYPE_CHECKING, Any
 
 from netdiag.contract import QuicJson
 from netdiag.protocols import quic_wire as w
@@ -82,6 +80,9 @@ from netdiag.protocols.h3 import LIMIT_H3_REQUESTS, MAX_REQUESTS, Http3
 from netdiag.protocols.tls import TlsAnalyzer
 from netdiag.protocols.tls_infer import DEFAULT_TAIL_GAP_NS
 from netdiag.records import Connection, Request
+
+if TYPE_CHECKING:  # loaded by quic_wire at the first packet to decrypt
+    from aioquic.quic.crypto import CryptoContext
 
 QUIC_PORTS = frozenset({443, 4433, 8443})
 MAX_STRAY = 4096

@@ -10,12 +10,15 @@ parsers are our own, because aioquic's live inside its connection state machine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aioquic.quic.crypto import CryptoContext
-from aioquic.tls import CipherSuite, cipher_suite_hash, hkdf_expand_label, hkdf_extract
+if TYPE_CHECKING:  # aioquic (and the x509 and certifi it imports) loads at the first
+    # QUIC packet to decrypt, not at the start of every report: 0.1 s
+    from aioquic.quic.crypto import CryptoContext
 
 VERSION_1 = 0x00000001
+AES_128_GCM_SHA256 = 0x1301
+"""The cipher suite of Initial packets (RFC 9001 section 5.2)."""
 VERSION_2 = 0x6B3343CF
 DRAFT_29 = 0xFF00001D
 KNOWN_VERSIONS = frozenset({VERSION_1, VERSION_2, DRAFT_29})
@@ -139,6 +142,8 @@ def parse_long(data: bytes, p: int) -> LongHeader:
 
 def initial_secrets(dcid: bytes, version: int) -> tuple[bytes, bytes]:
     """(client, server) Initial secrets from the client's first Destination CID."""
+    from aioquic.tls import CipherSuite, cipher_suite_hash, hkdf_expand_label, hkdf_extract
+
     salt = INITIAL_SALTS.get(version, INITIAL_SALTS[VERSION_1])
     algorithm = cipher_suite_hash(CipherSuite.AES_128_GCM_SHA256)
     initial = hkdf_extract(algorithm, salt, dcid)
@@ -150,6 +155,9 @@ def initial_secrets(dcid: bytes, version: int) -> tuple[bytes, bytes]:
 def context(cipher_suite: int, secret: bytes, version: int) -> CryptoContext:
     """Packet protection keys for one direction and space (``quic key/iv/hp``, or the
     ``quicv2`` labels for version 2), as aioquic derives them."""
+    from aioquic.quic.crypto import CryptoContext
+    from aioquic.tls import CipherSuite
+
     ctx = CryptoContext()
     ctx.setup(cipher_suite=CipherSuite(cipher_suite), secret=secret,
               version=VERSION_2 if version == VERSION_2 else VERSION_1)
@@ -159,8 +167,7 @@ def context(cipher_suite: int, secret: bytes, version: int) -> CryptoContext:
 def initial_contexts(dcid: bytes, version: int) -> tuple[CryptoContext, CryptoContext]:
     """(client, server) Initial packet protection."""
     c, s = initial_secrets(dcid, version)
-    return (context(CipherSuite.AES_128_GCM_SHA256, c, version),
-            context(CipherSuite.AES_128_GCM_SHA256, s, version))
+    return (context(AES_128_GCM_SHA256, c, version), context(AES_128_GCM_SHA256, s, version))
 
 
 def unprotect(ctx: CryptoContext, packet: bytes, pn_offset: int,
