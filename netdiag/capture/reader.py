@@ -662,10 +662,10 @@ class CaptureReader:
                     orig = (buf[pos + 12] | buf[pos + 13] << 8 | buf[pos + 14] << 16
                             | buf[pos + 15] << 24)
                 else:
-                    sec = _be32(buf, pos)
-                    frac = _be32(buf, pos + 4)
-                    incl = _be32(buf, pos + 8)
-                    orig = _be32(buf, pos + 12)
+                    sec = _u32(buf, pos, False)
+                    frac = _u32(buf, pos + 4, False)
+                    incl = _u32(buf, pos + 8, False)
+                    orig = _u32(buf, pos + 12, False)
                 start = pos + hl
                 nxt = start + incl
                 if nxt > end or incl > limit:
@@ -944,11 +944,6 @@ def _options(body: bytes, pos: int, bo: str) -> Iterator[tuple[int, bytes]]:
             return
         yield code, body[pos + 4:pos + 4 + olen]
         pos += 4 + ((olen + 3) & ~3)
-
-
-def _be32(buf: bytes, p: int) -> int:
-    """The big-endian 32-bit unsigned integer at ``buf[p]``."""
-    return buf[p] << 24 | buf[p + 1] << 16 | buf[p + 2] << 8 | buf[p + 3]
 
 
 def _u32(buf: bytes, p: int, little: bool) -> int:

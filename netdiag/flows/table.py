@@ -57,11 +57,6 @@ MAX_QUIC_SERVERS = 4096
 UDP_SESSION_IDLE_NS = 120 * 1_000_000_000
 """A UDP session (QUIC connection) with no packet for this long is finished (``idle``)."""
 
-ETH_VLAN: Final = (0x8100, 0x88A8, 0x9100)
-"""VLAN tag types (802.1Q, 802.1ad, and the older QinQ), compared one by one in the scan."""
-IPV6_EXT: Final = (0, 43, 60, 51, 44)
-"""IPv6 extension headers walked before TCP/UDP: hop-by-hop, routing, destination
-options, AH and the fragment header (compared one by one in the scan)."""
 
 UdpHandler = Callable[[int, str, str, bytes, int], None]
 
@@ -254,28 +249,16 @@ class FlowTable(PacketSink):
                     raise IndexError
                 et = (buf[start + 12] << 8) | buf[start + 13]
                 off = start + 14
-                while et == 0x8100 or et == 0x88A8 or et == 0x9100:  # ETH_VLAN
-                    if off + 4 > stop:
-                        raise IndexError
-                    et = (buf[off + 2] << 8) | buf[off + 3]
-                    off += 4
-            elif lt == 113 or lt == 276:  # LINUX_SLL, LINUX_SLL2
-                if lt == 113:
-                    if start + 16 > stop:
-                        raise IndexError
-                    et = (buf[start + 14] << 8) | buf[start + 15]
-                    off = start + 16
-                else:
-                    if start + 2 > stop:
-                        raise IndexError
-                    et = (buf[start] << 8) | buf[start + 1]
-                    off = start + 20
-                # a tag the capture put back after the header (ETH_VLAN)
-                while et == 0x8100 or et == 0x88A8 or et == 0x9100:
-                    if off + 4 > stop:
-                        raise IndexError
-                    et = (buf[off + 2] << 8) | buf[off + 3]
-                    off += 4
+            elif lt == 113:  # LINUX_SLL
+                if start + 16 > stop:
+                    raise IndexError
+                et = (buf[start + 14] << 8) | buf[start + 15]
+                off = start + 16
+            elif lt == 276:  # LINUX_SLL2
+                if start + 2 > stop:
+                    raise IndexError
+                et = (buf[start] << 8) | buf[start + 1]
+                off = start + 20
             elif lt == 0 or lt == 108:  # NULL (host byte order), LOOP (network)
                 head = buf[start:min(start + 4, stop)]
                 fam = int.from_bytes(head, "big")
@@ -297,6 +280,14 @@ class FlowTable(PacketSink):
                 self.link_unknown.add(lt)
                 self.undecoded += 1
                 return False
+            # VLAN tags (802.1Q, 802.1ad, the older QinQ): after an Ethernet header, or
+            # put back after a cooked one by the capture; the other link types never
+            # give these types
+            while et == 0x8100 or et == 0x88A8 or et == 0x9100:
+                if off + 4 > stop:
+                    raise IndexError
+                et = (buf[off + 2] << 8) | buf[off + 3]
+                off += 4
             if off >= stop and (et == 0x0800 or et == 0x86DD):
                 raise IndexError
             if et == 0x0800:
@@ -340,7 +331,9 @@ class FlowTable(PacketSink):
                 l4 = off + 40
                 at = off + 8
                 alen = 16
-                while proto in (0, 43, 60, 51, 44):  # IPV6_EXT
+                # extension headers: hop-by-hop, routing, destination options, the
+                # fragment header, AH
+                while proto in (0, 43, 60, 44, 51):
                     if l4 + (4 if proto == 44 else 2) > stop:
                         raise IndexError
                     nproto = buf[l4]
