@@ -113,19 +113,32 @@ def _block_ends(ends: Sequence[int]) -> list[int]:
     return [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)]
 
 
-def _ending_after(ends: Sequence[int], block_ends: Sequence[int], hi: int, stop: int,
-                  end: int) -> Iterator[int]:
-    """Indices ``k`` from ``hi - 1`` down to ``stop`` whose ``ends[k]`` is at least
-    ``end``, newest first; a whole block of parents that all end too early is skipped
-    at once (the last index of block b is ``b * _BLOCK + _BLOCK - 1``)."""
-    k = hi - 1
+def _next_ending(ends: Sequence[int], block_ends: Sequence[int], k: int, stop: int,
+                 end: int) -> int:
+    """The largest index from ``k`` down to ``stop`` whose ``ends[k]`` is at least
+    ``end``, a value below ``stop`` where none is; a whole block of parents that all end
+    too early is skipped at once (the last index of block b is ``b * _BLOCK + _BLOCK -
+    1``)."""
     while k >= stop:
         if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < end:
             k -= _BLOCK
+        elif ends[k] >= end:
+            return k
         else:
-            if ends[k] >= end:
-                yield k
             k -= 1
+    return k
+
+
+def _ending_after(ends: Sequence[int], block_ends: Sequence[int], hi: int, stop: int,
+                  end: int) -> Iterator[int]:
+    """Indices ``k`` from ``hi - 1`` down to ``stop`` whose ``ends[k]`` is at least
+    ``end``, newest first (:func:`_next_ending`, one after the other)."""
+    k = _next_ending(ends, block_ends, hi - 1, stop, end)
+    while k >= stop:
+        yield k
+        k = _next_ending(ends, block_ends, k - 1, stop, end)
+
+
 MAX_CANDIDATES = 16
 """Candidate parents a refined round of the assignment weighs per child and parent group
 (beside those with the child's request id): the cheapest by the round's timing cost
@@ -1042,22 +1055,19 @@ class _PairCount:
 def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
     """A request of the parent group, on another connection to another server, whose
     window holds ``[u_ts, u_end]`` (the newest :data:`MAX_SCAN` that began by
-    ``u_ts``, walked as :func:`_ending_after` does)."""
+    ``u_ts``; walked by :func:`_next_ending` without a generator: this runs per child
+    and parent group)."""
     starts, ends, block_ends, lst = pc.starts, pc.ends, pc.block_ends, pc.lst
     lo = bisect_left(starts, u_end - pc.longest)
     hi = bisect_right(starts, u_ts)
     stop = max(lo, hi - MAX_SCAN)
     server = uc.server
-    k = hi - 1
+    k = _next_ending(ends, block_ends, hi - 1, stop, u_end)
     while k >= stop:
-        if k & _BLOCK_MASK == _BLOCK_MASK and block_ends[k >> _BLOCK_SHIFT] < u_end:
-            k -= _BLOCK
-            continue
-        if ends[k] >= u_end:
-            p = lst[k]
-            if p.conn is not uc and p.server != server:
-                return True
-        k -= 1
+        p = lst[k]
+        if p.conn is not uc and p.server != server:
+            return True
+        k = _next_ending(ends, block_ends, k - 1, stop, u_end)
     return False
 
 
