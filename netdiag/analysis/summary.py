@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -35,10 +36,13 @@ class _Top:
         elif item > self.heap[0]:
             heapq.heapreplace(self.heap, item)
 
-    def keeps(self, value: float) -> bool:
-        """Would :meth:`add` keep ``value`` now? (Its payload can then be made only when
-        it is: items compare by value, then by arrival, never by payload.)"""
-        return len(self.heap) < self.k or (value, -(self.n + 1)) > self.heap[0][:2]
+    def add_made(self, value: float, label: str, make: Callable[[], Any]) -> None:
+        """:meth:`add` with the payload ``make()``, made only when the value is kept
+        (items compare by value, then by arrival, never by payload)."""
+        if len(self.heap) < self.k or (value, -(self.n + 1)) > self.heap[0][:2]:
+            self.add(value, label, make())
+        else:
+            self.n += 1
 
     def items(self) -> list[tuple[float, str]]:
         """``(value, label)`` pairs, largest first."""
@@ -180,12 +184,7 @@ class SummaryBuilder:
                     self._add_stream(c.id, r)
             if worst is not None:
                 self.http_slowest_ttfb.add(worst, c.id)
-        worst_ms = _worst_ms(c)
-        top = self.slowest_connections
-        if top.keeps(worst_ms):
-            top.add(worst_ms, c.id, slow_row(c))
-        else:
-            top.n += 1  # counted as add() counts what it does not keep
+        self.slowest_connections.add_made(_worst_ms(c), c.id, lambda: slow_row(c))
 
     def _add_tcp(self, c: Connection) -> None:
         self.tcp_connections += 1
