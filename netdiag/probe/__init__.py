@@ -20,12 +20,3 @@ plain dataclasses with ``to_json()``; the commands only format them.
 """
 
 from __future__ import annotations
-
-from netdiag.gcpolicy import paused as gc_paused
-
-__all__ = ["gc_paused"]
-"""``gc_paused()``: the cyclic collector off while one request is timed (a full
-collection in a process holding many objects takes milliseconds, and would land in
-whichever phase happened to be running; ``timeit`` switches it off for the same
-reason). Reference counting still frees memory; the collector catches up between
-requests."""

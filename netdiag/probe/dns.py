@@ -37,7 +37,7 @@ from typing import Any
 
 from netdiag.analysis.stats import percentiles
 from netdiag.errors import InputError
-from netdiag.probe import gc_paused
+from netdiag.gcpolicy import paused as gc_paused
 
 NS_PER_MS = 1_000_000
 

@@ -98,7 +98,7 @@ from urllib.parse import urlsplit
 from netdiag import __version__
 from netdiag.analysis.stats import percentiles
 from netdiag.errors import InputError
-from netdiag.probe import gc_paused
+from netdiag.gcpolicy import paused as gc_paused
 from netdiag.probe.dns import endpoint, parse_server, warm_up
 
 NS_PER_MS = 1_000_000

@@ -74,7 +74,7 @@ _SAFE_LABELS = re.compile(rb"[!#%&'*+,\-/0-9:<=>?A-Z\[\]^_`a-z{|}~]*")
 """Label bytes that dnspython prints unescaped (printable ASCII less ``"().;\\@$``)."""
 
 _ROOT = dns.name.root
-_ADDRESS_CACHE_SIZE = 4096
+_MEMO_SIZE = 4096
 MAX_WARNINGS = 200
 """Warnings kept per list; after that one notice, and the rest are only counted."""
 
@@ -268,8 +268,8 @@ class DnsAnalyzer:
         """Open transactions, least recently active first."""
         self._by_id: dict[_IdKey, list[_Key]] = {}
         """Open transaction keys per (client, server, transport, id)."""
-        self._addresses: dict[tuple[int, bytes], str] = {}
-        """Memo of A/AAAA rdata text (dnspython's), keyed by type and rdata bytes."""
+        self._memo: dict[tuple[int, bytes], str] = {}
+        """Memo of rdata texts (of :data:`_MEMO_TYPES`), keyed by type and rdata bytes."""
         self._suppressed_noted = False
         self.clock: Callable[[], Any] | None = None
         """When set (``netdiag.shard``), called each time a transaction moves to the end
@@ -452,7 +452,7 @@ class DnsAnalyzer:
         answers: list[str] = []
         error: str | None = None
         n = len(wire)
-        addresses = self._addresses
+        memo_texts = self._memo
         try:
             for i in range(ancount):
                 off = _skip_name(wire, off)
@@ -469,15 +469,15 @@ class DnsAnalyzer:
                         text = self._rdata(rdclass, rdtype, wire, off, rdlen)
                 elif rdclass == _IN and rdtype in _MEMO_TYPES:
                     memo = (rdtype, wire[off:end])
-                    text = addresses.get(memo)
+                    text = memo_texts.get(memo)
                     if text is None:
                         text = _address_rdata(rdtype, wire, off, rdlen)
                         if text is None:
                             text = self._rdata(rdclass, rdtype, wire, off, rdlen)
                         if text is not None:
-                            if len(addresses) >= _ADDRESS_CACHE_SIZE:
-                                addresses.clear()
-                            addresses[memo] = text
+                            if len(memo_texts) >= _MEMO_SIZE:
+                                memo_texts.clear()
+                            memo_texts[memo] = text
                 else:
                     text = self._rdata(rdclass, rdtype, wire, off, rdlen)
                 if text is None:

@@ -17,12 +17,12 @@ if TYPE_CHECKING:  # aioquic (and the x509 and certifi it imports) loads at the 
     from aioquic.quic.crypto import CryptoContext
 
 VERSION_1 = 0x00000001
-AES_128_GCM_SHA256 = 0x1301
-"""The cipher suite of Initial packets (RFC 9001 section 5.2)."""
 VERSION_2 = 0x6B3343CF
 DRAFT_29 = 0xFF00001D
 KNOWN_VERSIONS = frozenset({VERSION_1, VERSION_2, DRAFT_29})
 """Versions whose Initial packets we can decrypt."""
+AES_128_GCM_SHA256 = 0x1301
+"""The cipher suite of Initial packets (RFC 9001 section 5.2)."""
 
 INITIAL_SALTS = {
     VERSION_1: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),
