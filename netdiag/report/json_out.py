@@ -45,7 +45,8 @@ class Records(Generic[T]):
 
 def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:
     """Write ``doc`` (plain JSON types) to ``out``, followed by a newline."""
-    encode = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=True).encode
+    encode = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=True,
+                              check_circular=False).encode
     _write(doc, out, 0, encode)
     out.write("\n")
 

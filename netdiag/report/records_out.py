@@ -24,8 +24,13 @@ _ID = "\x00netdiag-connection-id\x00"
 _QUOTED_ID = json.dumps(_ID)
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+"""``json.dumps(obj, separators=(",", ":"))`` without making an encoder per record (and
+without the cycle check: records are trees)."""
+
+
 def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":")) + "\n"
+    return _encode(obj) + "\n"
 
 
 class CollectingSink:
@@ -73,8 +78,7 @@ class JsonlSink:
         self.interval_ns = interval_ns
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self.out.write(json.dumps(obj, separators=(",", ":")))
-        self.out.write("\n")
+        self.out.write(_line(obj))
 
     def dns(self, t: DnsTransaction) -> None:
         self.dns_rendered(t, self.render_dns(t))
