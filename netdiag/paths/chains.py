@@ -246,9 +246,10 @@ class Node:
     opened: bool = False
     """Its connection was opened while the parent waited, for this request: the TCP
     and TLS handshakes count as this hop's setup time."""
-    ranks: tuple[int, ...] = ()
+    ranks: tuple[int, int, int, int] = (0, 0, 0, 0)
     """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
-    :func:`_rank`, so that sorting and comparing by arrival is by one integer."""
+    :func:`_rank`, so that sorting and comparing by arrival is by one integer (four
+    machine integers inside the node, compiled: no tuple and no int objects)."""
 
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
@@ -646,7 +647,10 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
 
 def _rank(n: Node, end: bool, child: bool = False) -> int:
     """The node's place in the arrival order :func:`_order` (``end``, ``child``) gives."""
-    return n.ranks[(2 if child else 0) + (1 if end else 0)]
+    r = n.ranks
+    if child:
+        return r[3] if end else r[2]
+    return r[1] if end else r[0]
 
 
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
@@ -1152,9 +1156,14 @@ class _Linker:
         """Per child and subset of parents, a cap its containing parents exceed."""
         self._kept: dict[tuple[int, tuple[Any, ...]],
                          tuple[str, list[_Edge], list[_Edge] | None]] = {}
+        # one tuple per distinct group and kind, shared by the nodes (dictionary keys
+        # then compare by identity first)
+        shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         for n in nodes:
-            n.group = self._group_of(n)
-            n.kind = self._kind_of(n)
+            g = self._group_of(n)
+            n.group = shared.setdefault(g, g)
+            k = self._kind_of(n)
+            n.kind = shared.setdefault(k, k)
             n.rid = request_id(n.req)
             n.resp = is_resp(n.conn, n.req)
 
@@ -1722,6 +1731,12 @@ class _Linker:
         return ([x[2] for x in heap], -_INF if cut else min(bound, left_out), found,
                 complete, costs[len(costs) // 2] if costs else _INF)
 
+    def rounds_done(self) -> None:
+        """Drop what only the assignment rounds reuse (:meth:`_links`, :meth:`_every`):
+        the last round has run, and the links are labelled next."""
+        self._kept.clear()
+        self._every_cache.clear()
+
     def walked(self) -> int:
         """Steps of the walks for the cheapest candidates over blocks of parents."""
         return sum(o.steps for sub in self._subsets.values()
@@ -2097,11 +2112,13 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     modes = _Modes(linker, viable)
     first, _edges = linker.assign(estimates, modes.refined, by_kind=False)
     stats = _keep_anchors(_pair_stats(first), estimates)
+    first.clear()  # the first round's links: read, not kept
     second, _edges = linker.assign(stats, modes.refined, by_kind=False)
     stats = _keep_anchors(_pair_stats(second), estimates)
     modes.keep = linker.accepted_pairs(stats, second, linker.declared_pairs, estimates)
 
     final, final_edges = linker.assign(stats, modes.final_mode, second=True)
+    linker.rounds_done()
 
     alternatives: dict[tuple[Any, int], list[_Edge]] = defaultdict(list)
     by_pair: dict[tuple[int, int], _Edge] = {}
