@@ -58,8 +58,9 @@ COMPILED_MODULES: tuple[str, ...] = (
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
-decryption and the decrypting TLS analyzer); everything else is pure Python (HTTP/1.x
-and RESP too)."""
+decryption and the decrypting TLS analyzer, RESP, and the path analysis: hop linking,
+attribution, the edge facts and the budgets); everything else is pure Python (HTTP/1.x,
+QUIC and HTTP/3 too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``
 (inside the package, which an editable install maps onto the source tree)."""
