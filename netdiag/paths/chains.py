@@ -1981,12 +1981,12 @@ def _innermost(options: list[_Edge]) -> _Edge:
     return best
 
 
-def _label(e: _Edge, alts: Sequence[_Edge], count: int, left_out: float,
+def _label(e: _Edge, weighed: _Weighed, count: int, left_out: float,
            link_of: Callable[[Node, Node], _Edge | None], child_of: Mapping[int, _Edge],
-           chosen: Mapping[int, _Edge], into: Mapping[int, Sequence[_Edge]], end: bool,
-           jitter_ns: int) -> str:
-    """The contract's link kind of a chosen edge. ``alts``: the child's candidates in
-    the parent's group that the assignment weighed; ``count`` all of them;
+           chosen: Mapping[int, _Edge], end: bool, jitter_ns: int) -> str:
+    """The contract's link kind of a chosen edge. ``weighed``: the links the final
+    round weighed, among them the child's candidates in the parent's group; ``count``
+    all of them;
     ``left_out`` a lower bound of the cost of those it did not weigh. A swap with
     another parent's child that costs as little but puts the two out of order is no
     equal alternative (a proxy handles the requests of one connection first come, first
@@ -1996,15 +1996,16 @@ def _label(e: _Edge, alts: Sequence[_Edge], count: int, left_out: float,
 
     Candidates left out are weighed too: one as cheap as the link makes it ambiguous;
     a swap through one needs the link's parent to cost another parent's child less than
-    that child's own link, so it is among that child's cheapest candidates (``into``:
-    the weighed links per parent) and is found from there (``link_of`` builds the
-    links not weighed)."""
+    that child's own link, so it is among that child's cheapest candidates (the weighed
+    links into the parent) and is found from there (``link_of`` builds the links not
+    weighed)."""
     if e.rid:
         return "request-id"
     if count <= 1:
         return "unique"
     if left_out - e.cost < AMBIGUITY_MS:
         return "ambiguous"
+    alts = weighed.alternatives(e.pgroup, e.child)
 
     def swap_fits(a: _Edge, other: _Edge) -> bool:
         swap = link_of(e.parent, other.child)
@@ -2030,16 +2031,53 @@ def _label(e: _Edge, alts: Sequence[_Edge], count: int, left_out: float,
         if swap_fits(a, other):
             return "ambiguous"
     if left_out < _INF:
-        weighed = {id(a.parent) for a in alts}
-        for s in into.get(id(e.parent), ()):
+        alt_parents = {id(a.parent) for a in alts}
+        for s in weighed.into(e.parent):
             other = chosen.get(id(s.child))
-            if other is None or other.parent is e.parent or id(other.parent) in weighed \
+            if other is None or other.parent is e.parent or id(other.parent) in alt_parents \
                     or child_of.get(id(other.parent)) is not other:
                 continue
             alt = link_of(other.parent, e.child)
             if alt is not None and not alt.rid and swap_fits(alt, other):
                 return "ambiguous"
     return "matched"
+
+
+class _Weighed:
+    """The links the final round weighed, indexed on first use: most links are
+    labelled without an index (by request id, or the only candidate), and the three
+    indexes of a big capture's links take tens of MiB."""
+
+    def __init__(self, edges: list[_Edge]) -> None:
+        self.edges = edges
+        self._alternatives: dict[tuple[Any, int], list[_Edge]] | None = None
+        self._by_pair: dict[tuple[int, int], _Edge] | None = None
+        self._into: dict[int, list[_Edge]] | None = None
+
+    def alternatives(self, pgroup: tuple[Any, ...], child: Node) -> list[_Edge]:
+        """The child's links into the parent group ``pgroup``."""
+        index = self._alternatives
+        if index is None:
+            index = self._alternatives = defaultdict(list)
+            for e in self.edges:
+                index[(e.pgroup, id(e.child))].append(e)
+        return index.get((pgroup, id(child)), [])
+
+    def link(self, p: Node, u: Node) -> _Edge | None:
+        """The weighed link ``p -> u``, if it was weighed."""
+        index = self._by_pair
+        if index is None:
+            index = self._by_pair = {(id(e.parent), id(e.child)): e for e in self.edges}
+        return index.get((id(p), id(u)))
+
+    def into(self, parent: Node) -> list[_Edge]:
+        """The weighed links into ``parent``."""
+        index = self._into
+        if index is None:
+            index = self._into = defaultdict(list)
+            for e in self.edges:
+                index[id(e.parent)].append(e)
+        return index.get(id(parent), [])
 
 
 class _Modes:
@@ -2051,7 +2089,7 @@ class _Modes:
         self.viable = viable
         self.keep: set[tuple[Any, Any]] = set()
         """Pairs whose statistics stand after the second round."""
-        self.by_pair: dict[tuple[int, int], _Edge] = {}
+        self.weighed: _Weighed = _Weighed([])
         self.stats: Mapping[tuple[Any, Any], _PairStats] = {}
 
     def refined(self, pair: tuple[Any, Any]) -> str:
@@ -2063,7 +2101,7 @@ class _Modes:
         return self.refined(pair) if pair in self.keep else "rid"
 
     def link_of(self, p: Node, u: Node) -> _Edge | None:
-        e = self.by_pair.get((id(p), id(u)))
+        e = self.weighed.link(p, u)
         return e if e is not None else self.linker.link_of(p, u, self.stats, self.final_mode)
 
 
@@ -2120,13 +2158,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     final, final_edges = linker.assign(stats, modes.final_mode, second=True)
     linker.rounds_done()
 
-    alternatives: dict[tuple[Any, int], list[_Edge]] = defaultdict(list)
-    by_pair: dict[tuple[int, int], _Edge] = {}
-    into: dict[int, list[_Edge]] = defaultdict(list)
-    for e in final_edges:
-        alternatives[(e.pgroup, id(e.child))].append(e)
-        by_pair[(id(e.parent), id(e.child))] = e
-        into[id(e.parent)].append(e)
+    weighed = _Weighed(final_edges)
     options: dict[int, list[_Edge]] = defaultdict(list)
     for m in final.values():
         for e in m.values():
@@ -2134,7 +2166,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     child_of_by_gk: dict[tuple[Any, Any], dict[int, _Edge]] = {
         gk: {id(e.parent): e for e in m.values()} for gk, m in final.items()}
 
-    modes.by_pair = by_pair
+    modes.weighed = weighed
     modes.stats = stats
     chosen = [_innermost(opts) for opts in options.values()]
     counts = linker.candidate_counts(chosen, modes.final_mode)
@@ -2146,8 +2178,8 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
         left_out = -_INF if (id(u), e.pgroup) in linker.capped else \
             linker.left_out.get((id(u), e.pgroup), (_INF,))[0]
-        u.link = _label(e, alternatives[(e.pgroup, id(u))], count, left_out, modes.link_of,
-                        child_of_by_gk[gk], final[gk], into, end, round(jitter * 1e6))
+        u.link = _label(e, weighed, count, left_out, modes.link_of, child_of_by_gk[gk],
+                        final[gk], end, round(jitter * 1e6))
         u.candidates = count
         u.parent = p
         u.from_parent_address = e.address
