@@ -1981,12 +1981,11 @@ def _innermost(options: list[_Edge]) -> _Edge:
     return best
 
 
-def _label(e: _Edge, weighed: _Weighed, count: int, left_out: float,
-           link_of: Callable[[Node, Node], _Edge | None], child_of: Mapping[int, _Edge],
-           chosen: Mapping[int, _Edge], end: bool, jitter_ns: int) -> str:
+def _label(e: _Edge, weighed: _Weighed, gk: tuple[Any, Any], count: int, left_out: float,
+           link_of: Callable[[Node, Node], _Edge | None], end: bool, jitter_ns: int) -> str:
     """The contract's link kind of a chosen edge. ``weighed``: the links the final
-    round weighed, among them the child's candidates in the parent's group; ``count``
-    all of them;
+    round weighed, among them the child's candidates in the parent's group, and its
+    assignments (``gk``: the one that chose ``e``); ``count`` all the candidates;
     ``left_out`` a lower bound of the cost of those it did not weigh. A swap with
     another parent's child that costs as little but puts the two out of order is no
     equal alternative (a proxy handles the requests of one connection first come, first
@@ -2006,6 +2005,8 @@ def _label(e: _Edge, weighed: _Weighed, count: int, left_out: float,
     if left_out - e.cost < AMBIGUITY_MS:
         return "ambiguous"
     alts = weighed.alternatives(e.pgroup, e.child)
+    child_of = weighed.child_of(gk)
+    chosen = weighed.final[gk]
 
     def swap_fits(a: _Edge, other: _Edge) -> bool:
         swap = link_of(e.parent, other.child)
@@ -2048,8 +2049,12 @@ class _Weighed:
     labelled without an index (by request id, or the only candidate), and the three
     indexes of a big capture's links take tens of MiB."""
 
-    def __init__(self, edges: list[_Edge]) -> None:
+    def __init__(self, edges: list[_Edge],
+                 final: Mapping[tuple[Any, Any], dict[int, _Edge]]) -> None:
         self.edges = edges
+        self.final = final
+        """The final round's assignments: per assignment, each child's link."""
+        self._child_of: dict[tuple[Any, Any], dict[int, _Edge]] = {}
         self._alternatives: dict[tuple[Any, int], list[_Edge]] | None = None
         self._by_pair: dict[tuple[int, int], _Edge] | None = None
         self._into: dict[int, list[_Edge]] | None = None
@@ -2070,6 +2075,13 @@ class _Weighed:
             index = self._by_pair = {(id(e.parent), id(e.child)): e for e in self.edges}
         return index.get((id(p), id(u)))
 
+    def child_of(self, gk: tuple[Any, Any]) -> dict[int, _Edge]:
+        """Per parent, the link the assignment ``gk`` gave it."""
+        got = self._child_of.get(gk)
+        if got is None:
+            got = self._child_of[gk] = {id(e.parent): e for e in self.final[gk].values()}
+        return got
+
     def into(self, parent: Node) -> list[_Edge]:
         """The weighed links into ``parent``."""
         index = self._into
@@ -2089,7 +2101,7 @@ class _Modes:
         self.viable = viable
         self.keep: set[tuple[Any, Any]] = set()
         """Pairs whose statistics stand after the second round."""
-        self.weighed: _Weighed = _Weighed([])
+        self.weighed: _Weighed = _Weighed([], {})
         self.stats: Mapping[tuple[Any, Any], _PairStats] = {}
 
     def refined(self, pair: tuple[Any, Any]) -> str:
@@ -2158,13 +2170,11 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     final, final_edges = linker.assign(stats, modes.final_mode, second=True)
     linker.rounds_done()
 
-    weighed = _Weighed(final_edges)
+    weighed = _Weighed(final_edges, final)
     options: dict[int, list[_Edge]] = defaultdict(list)
     for m in final.values():
         for e in m.values():
             options[id(e.child)].append(e)
-    child_of_by_gk: dict[tuple[Any, Any], dict[int, _Edge]] = {
-        gk: {id(e.parent): e for e in m.values()} for gk, m in final.items()}
 
     modes.weighed = weighed
     modes.stats = stats
@@ -2178,8 +2188,8 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
         left_out = -_INF if (id(u), e.pgroup) in linker.capped else \
             linker.left_out.get((id(u), e.pgroup), (_INF,))[0]
-        u.link = _label(e, weighed, count, left_out, modes.link_of, child_of_by_gk[gk],
-                        final[gk], end, round(jitter * 1e6))
+        u.link = _label(e, weighed, gk, count, left_out, modes.link_of, end,
+                        round(jitter * 1e6))
         u.candidates = count
         u.parent = p
         u.from_parent_address = e.address
