@@ -89,8 +89,8 @@ def _ramp_option(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--upstream-source", type=click.Choice(["own", "loopback"]), default="own",
               show_default=True,
               help="Where the edge and the router connect upstream from (Redis included): "
-                   "their own addresses (127.0.0.10, 127.0.0.11), or 127.0.0.1 with an "
-                   "ephemeral port, as nginx or Envoy connect from the host's address.")
+                   "their own addresses (127.0.0.10, 127.0.0.11), or 127.0.0.1, as nginx or "
+                   "Envoy connect from the host's address.")
 @click.option("--router-protocol", type=click.Choice(["h2c", "http1"]), default="h2c",
               show_default=True,
               help="Edge->router: one pooled cleartext HTTP/2 connection (h2c), or a pool "

@@ -48,7 +48,8 @@ import dns.rdatatype
 
 from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
-from netdiag.lab.h2client import H2ClientConnection, UpstreamError, bound_socket
+from netdiag.lab.h2client import H2ClientConnection, UpstreamError
+from netdiag.lab.sockets import bound_socket
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 TLS_NAMES = {"TLSv1.3": "TLS 1.3", "TLSv1.2": "TLS 1.2", "TLSv1.1": "TLS 1.1", "TLSv1": "TLS 1.0"}

@@ -38,8 +38,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from netdiag.lab.h2client import OnHeaders, UpstreamError, _writable, bound_socket
+from netdiag.lab.h2client import OnHeaders, UpstreamError, _writable
 from netdiag.lab.h2server import StreamGone
+from netdiag.lab.sockets import bound_socket
 
 log = logging.getLogger("netdiag.lab.h1")
 

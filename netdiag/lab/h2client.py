@@ -28,24 +28,13 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
+from netdiag.lab.sockets import bound_socket
+
 OnHeaders = Callable[[int, list[tuple[str, str]], float], None]
 
 
 class UpstreamError(Exception):
     """The upstream request failed (connection, TLS, protocol or stream reset)."""
-
-
-def bound_socket(local_ip: str) -> socket.socket:
-    """A non-blocking TCP socket bound to ``local_ip`` (prepare it before timing starts)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((local_ip, 0))
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:

@@ -16,6 +16,7 @@ import h2.connection
 import h2.events
 
 from netdiag.lab.errors import LabError
+from netdiag.lab.sockets import bind_source
 
 TLS_NAMES = {"TLSv1.3": "TLS 1.3", "TLSv1.2": "TLS 1.2"}
 HOP_HEADERS = ("server", "x-origin", "via", "x-router", "x-request-id", "server-timing",
@@ -36,7 +37,7 @@ def h2_get_resumed(ctx: ssl.SSLContext, ip: str, port: int, name: str, source: s
     raw.settimeout(timeout)
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        raw.bind((source, 0))
+        bind_source(raw, source)
         raw.connect((ip, port))
     except OSError as exc:
         raw.close()

@@ -136,8 +136,8 @@ class LabParams:
     upstream_source: str = "own"
     """Where the proxies connect upstream from: ``own`` (the edge from ``127.0.0.10``,
     the router from ``127.0.0.11``, Redis included) or ``loopback`` (every proxy from
-    ``127.0.0.1``, an ephemeral port, as nginx or Envoy connect from the host's
-    address)."""
+    ``127.0.0.1``, as nginx or Envoy connect from the host's address); either way
+    from a source port of :data:`netdiag.lab.sockets.SOURCE_PORTS`."""
     router_protocol: str = "h2c"
     """Edge -> router: ``h2c`` (one pooled cleartext HTTP/2 connection, prior
     knowledge) or ``http1`` (a pool of cleartext HTTP/1.1 keep-alive connections, one

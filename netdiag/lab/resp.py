@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from typing import Any
 
+from netdiag.lab.sockets import bound_socket
+
 
 class RespError(Exception):
     """A Redis error reply, or a broken connection."""
@@ -75,8 +77,14 @@ class RespPool:
         """Local endpoint of every connection opened, in order."""
 
     async def _connect(self) -> _Conn:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(
-            self.ip, self.port, local_addr=(self.source_ip, 0)), self.timeout)
+        sock = bound_socket(self.source_ip)  # its port chosen at connect (bind_source)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(
+                sock, (self.ip, self.port)), self.timeout)
+            reader, writer = await asyncio.open_connection(sock=sock)
+        except BaseException:
+            sock.close()
+            raise
         self._all.add(writer)
         local = "{}:{}".format(*writer.get_extra_info("sockname")[:2])
         self.opened.append(local)

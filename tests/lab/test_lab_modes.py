@@ -180,8 +180,8 @@ def test_http1_body_framing() -> None:
 def test_http1_server_client_and_pool_on_an_ephemeral_port() -> None:
     """Keep-alive reuse, ordinals on both sides, chunked SSE, connection: close."""
     from netdiag.lab.h1 import H1ClientConnection, H1Pool, start_http_server
-    from netdiag.lab.h2client import bound_socket
     from netdiag.lab.h2server import stop_h2_server
+    from netdiag.lab.sockets import bound_socket
 
     seen: list[tuple[int | None, str, str, bytes]] = []
 
