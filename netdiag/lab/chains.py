@@ -66,7 +66,7 @@ def _ref(rec: dict[str, Any], hop: str | None = None, parent: int | None = None
 
 HOP_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "edge": (("received", "forwarded"), ()),
-    "router": (("received", "dispatched"), ("store_ms", "queue_ms", "denied")),
+    "router": (("received", "dispatched"), ("store_ms", "queue_ms", "early_ms", "denied")),
     "origin": (("received", "answered"), ()),
 }
 """Per hop: its timestamp events (``<event>_ns`` in its log) and the fields copied as

@@ -55,7 +55,7 @@ from typing import Any
 from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
 from netdiag.lab.h1 import H1Stream
-from netdiag.lab.h2client import H2ClientConnection, UpstreamError, bound_socket
+from netdiag.lab.h2client import H2ClientConnection, UpstreamError
 from netdiag.lab.h2server import Stream
 from netdiag.lab.redis_store import (
     BUDGET_SCRIPT,
@@ -66,6 +66,7 @@ from netdiag.lab.redis_store import (
     script_sha,
 )
 from netdiag.lab.resp import RespPool
+from netdiag.lab.sockets import bound_socket
 from netdiag.lab.timing import sleep_until
 
 log = logging.getLogger("netdiag.lab")
@@ -359,7 +360,8 @@ class Router:
         rid = stream.header("x-request-id")
         entry: dict[str, Any] = {**inbound_key(stream), "request_id": rid, "upstream": [],
                                  "received_ns": stream.wall_headers, "store_ms": None,
-                                 "queue_ms": None, "denied": False, "dispatched_ns": None}
+                                 "queue_ms": None, "denied": False, "dispatched_ns": None,
+                                 "early_ms": None}
         self.stats.log.append(entry)
         model = stream.header("x-model") or p.models[0]
         budget = p.router_budget_per_s
@@ -410,6 +412,7 @@ class Router:
                     if not k.startswith(":") and k not in HOP_BY_HOP]
         http1 = p.origin_protocol == "http1"
         sock = None if p.upstream_pool else bound_socket(self.source)  # ready before the clock
+        entry["early_ms"] = round(self.relay_s * 1000, 3)
         try:
             await sleep_until(stream.t_headers + store_s + wait_s + p.router_delay_ms / 1000
                               - self.relay_s)
