@@ -77,7 +77,7 @@ class RespPool:
         """Local endpoint of every connection opened, in order."""
 
     async def _connect(self) -> _Conn:
-        sock = bound_socket(self.source_ip)  # its port chosen at connect (bind_source)
+        sock = bound_socket(self.source_ip)  # a source port of the lab's range
         try:
             await asyncio.wait_for(asyncio.get_running_loop().sock_connect(
                 sock, (self.ip, self.port)), self.timeout)

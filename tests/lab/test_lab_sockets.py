@@ -60,7 +60,7 @@ def test_a_port_comes_back_only_after_the_whole_range() -> None:
 
 def test_a_port_in_use_is_skipped() -> None:
     holder = socket.socket()
-    nxt = sockets.SOURCE_PORTS[(next(sockets._turn) + 1) % len(SOURCE_PORTS)]
+    nxt = SOURCE_PORTS[(next(sockets._turn) + 1) % len(SOURCE_PORTS)]  # the port it takes
     holder.bind(("127.0.0.1", nxt))
     try:
         s = bound_socket("127.0.0.1")
