@@ -14,18 +14,22 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from netdiag.allocator import tune_allocator
+
 YOUNG_THRESHOLD = 50_000
 """Allocations (minus deallocations) of container objects between two collections of
 the youngest generation (CPython's default: 700)."""
 
 
 def tune_for_analysis() -> None:
-    """Move everything imported so far out of the collector's reach (``gc.freeze``) and
-    collect the youngest generation every :data:`YOUNG_THRESHOLD` allocations.
+    """Move everything imported so far out of the collector's reach (``gc.freeze``),
+    collect the youngest generation every :data:`YOUNG_THRESHOLD` allocations, and keep
+    the C allocator from returning memory it will take back (:mod:`netdiag.allocator`).
 
     For the process of an analyzing command (and the shard processes it forks); not for
     long-lived servers or the lab's timed clients.
     """
+    tune_allocator()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
