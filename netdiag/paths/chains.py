@@ -427,6 +427,10 @@ class Chains:
 
     _roots: list[Node] | None = field(default=None, repr=False, compare=False)
     """The roots once found (:attr:`roots`)."""
+    _steps: dict[tuple[str, int], list[Step]] = field(default_factory=dict, repr=False,
+                                                      compare=False)
+    """Each chain of more than one request once walked (:meth:`steps`: the budgets read
+    every chain twice, the chain table once more)."""
 
     @property
     def roots(self) -> list[Node]:
@@ -445,10 +449,17 @@ class Chains:
         return ev is not None and ev.is_proxy
 
     def steps(self, root: Node) -> list[Step]:
-        """The chain of ``root``: itself and every request it caused, depth first."""
-        out: list[Step] = []
-        _walk_steps(root, 0, True, out)
-        return out
+        """The chain of ``root``: itself and every request it caused, depth first (a
+        chain of more than one request is walked once: the links are made before the
+        chains are)."""
+        if not root.children:
+            return [Step(root, 0, root.own_ns(), True, root.own_parts_ns())]
+        key = root.key
+        out = self._steps.get(key)
+        if out is None:
+            out = self._steps[key] = []
+            _walk_steps(root, 0, True, out)
+        return list(out)
 
     def links(self, root: Node) -> list[str]:
         """The ``link`` of every request below ``root`` in its chain."""

@@ -58,6 +58,29 @@ def test_own_times_add_up_to_the_client_wait_exactly() -> None:
     assert set(chains.table()) == {("C1", 0), ("C5", 0), ("C9", 0)}
 
 
+def test_a_chain_walked_once_reads_the_same_every_time() -> None:
+    conns = _roc(3, new_origin_conn=True)
+    chains = link_requests(conns)
+    root = chains.node("C1", 0)
+    assert root is not None and root.children
+    first = chains.steps(root)
+    first.clear()  # a caller's list is its own: the chain kept is not changed
+    again = chains.steps(root)
+    fresh = link_requests(_roc(3, new_origin_conn=True))
+    fresh_root = fresh.node("C1", 0)
+    assert fresh_root is not None
+    assert [(s.conn.id, s.depth, s.own_ns, s.in_ttfb, s.parts_ns) for s in again] == [
+        (s.conn.id, s.depth, s.own_ns, s.in_ttfb, s.parts_ns)
+        for s in fresh.steps(fresh_root)]
+    assert len(again) == 4 and chains.table()[("C1", 0)] == again
+    # a request that caused nothing is a chain of one step, itself
+    leaf = again[-1].node
+    assert not leaf.children
+    (only,) = chains.steps(leaf)
+    assert (only.node, only.depth, only.own_ns, only.in_ttfb) == (leaf, 0, leaf.own_ns(),
+                                                                  True)
+
+
 def test_overlapping_callees_count_once_and_late_calls_are_not_in_the_wait() -> None:
     client = conn("C1", "10.0.0.1:5000", "10.0.0.2:443", [req(0, 50, 60)])
     a = conn("C2", "10.0.0.2:6000", "10.0.0.3:80", [req(5, 25, 26)])
