@@ -499,6 +499,13 @@ def shipped_ranges() -> tuple[EdgeRanges, ...]:
 
 def _addr(ep: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     host, _ = split_endpoint(ep)
+    return _parsed_host(host)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parsed_host(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of an endpoint's host part (parsed once per address: a capture has
+    one per server and client host, not one per connection)."""
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
