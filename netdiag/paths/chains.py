@@ -438,7 +438,7 @@ class Chains:
         are made before the chains are)."""
         if self._roots is None:
             self._roots = sorted((n for n in self.nodes.values() if n.parent is None),
-                                 key=lambda n: (n.ts_ns, n.conn_id, n.index))
+                                 key=lambda n: n.ranks[0])  # (start, connection, index)
         return list(self._roots)
 
     def node(self, conn_id: str, index: int) -> Node | None:
@@ -1243,7 +1243,7 @@ class _Linker:
             self.servers[g].add(self._server_ip(n.conn))
         index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], list[int], int]] = {}
         for g, lst in groups.items():
-            lst.sort(key=lambda n: (n.ts_ns, n.conn_id, n.index))
+            lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
             ends = [n.window_end_ns for n in lst]
             index[g] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends),
                         max(e - n.ts_ns for n, e in zip(lst, ends, strict=True)))
@@ -1254,7 +1254,7 @@ class _Linker:
             if r is not None and not n.resp:
                 by_rid[r].append(n)
         for r, lst in by_rid.items():
-            lst.sort(key=lambda n: (n.ts_ns, n.conn_id, n.index))
+            lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
             ends = [n.window_end_ns for n in lst]
             self._rid_index[r] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends))
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
@@ -1491,7 +1491,7 @@ class _Linker:
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
         lists: dict[tuple[int, tuple[Any, ...]], list[_Edge]] = {}
-        pairs_of, links = self.pairs_of, self._links
+        pairs_of = self.pairs_of
         for u in self.nodes:
             pairs = pairs_of.get(u.group)
             if not pairs:
@@ -1500,7 +1500,7 @@ class _Linker:
             for pg, declared, hopeless in pairs:
                 if hopeless and no_id:  # no link to weigh (:meth:`_links`)
                     continue
-                kept = links(u, pg, declared, hopeless, stats, mode)
+                kept = self._links(u, pg, declared, hopeless, stats, mode)
                 if kept is not None:
                     lists[(id(u), pg)] = kept
         edges = [e for lst in lists.values() for e in lst]
@@ -1581,8 +1581,7 @@ class _Linker:
         else:
             self.left_out.pop(key, None)
         if len(kept) > 1:
-            kept.sort(key=lambda e: (e.parent.ts_ns, e.parent.conn_id, e.parent.index),
-                      reverse=True)
+            kept.sort(key=lambda e: e.parent.ranks[0], reverse=True)  # newest start first
         if how == "rid" or every is not None:  # whatever the statistics: kept for later
             self._kept[key] = (how, kept, every)
         return kept
@@ -2129,9 +2128,16 @@ class _Modes:
 
 
 def _first_request_index(conn: Connection) -> int | None:
-    if not conn.requests:
+    """The index of the connection's earliest request (the first of equal starts)."""
+    reqs = conn.requests
+    if not reqs:
         return None
-    return min(range(len(conn.requests)), key=lambda i: (conn.requests[i].ts_ns, i))
+    best, best_ts = 0, reqs[0].ts_ns
+    for i in range(1, len(reqs)):
+        ts = reqs[i].ts_ns
+        if ts < best_ts:
+            best, best_ts = i, ts
+    return best
 
 
 def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = (),
