@@ -2,13 +2,15 @@
 garbage: the youngest generation is collected only every ``YOUNG_THRESHOLD`` container
 allocations, so garbage that only the collector can free would pile up that long. These
 runs collect as often as CPython does by default and count what is found while a
-capture is read (the run's own state, a cycle once it ends, is not garbage until
-then)."""
+capture is read (the run's own state, a cycle once it ends, is not garbage until then).
+Each count runs in a process of its own: no other test's threads or garbage in it."""
 
 from __future__ import annotations
 
 import gc
 import io
+import json
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,14 +19,10 @@ from typing import Any
 
 import pytest
 
-from netdiag.pipeline import Options, analyze
-from netdiag.report.records_out import CollectingSink, JsonlSink
-from netdiag.tls.keylog import KeyLog
-
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "captures" / "antho.pcapng"
 KEYS = ROOT / "captures" / "antho.keys"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+SHAPES = ("h2", "h1", "h1up", "conns", "servers", "ooo", "halfopen", "dns", "frag")
 
 
 @contextmanager
@@ -37,8 +35,6 @@ def _counting() -> Iterator[list[int]]:
             found[0] += info["collected"]
 
     gc.collect()
-    threshold = gc.get_threshold()
-    enabled = gc.isenabled()
     gc.set_threshold(700, 10, 10)
     gc.enable()
     gc.callbacks.append(count)
@@ -46,55 +42,87 @@ def _counting() -> Iterator[list[int]]:
         yield found
     finally:
         gc.callbacks.remove(count)
-        gc.set_threshold(*threshold)
-        if not enabled:
-            gc.disable()
 
 
-def _garbage_while(scan: Callable[[], object]) -> tuple[int, object]:
+def _garbage_while(scan: Callable[[], object]) -> int:
+    """Objects the collector finds while ``scan`` runs a second time (the first imports
+    what the scan needs: imports leave cycles of their own)."""
+    scan()
     with _counting() as found:
         kept = scan()
-    return found[0], kept
+    del kept
+    return found[0]
+
+
+def _scan_shipped(keys: bool, collect: bool) -> object:
+    from netdiag.pipeline import Options, analyze
+    from netdiag.report.records_out import CollectingSink, JsonlSink
+    from netdiag.tls.keylog import KeyLog
+
+    options = Options(keylog=KeyLog.from_file(KEYS) if keys else None)
+    sink: Any = CollectingSink() if collect else JsonlSink(io.StringIO())
+    result = analyze([str(CAPTURE)], sink, options)
+    if not collect:
+        sink.end(result)
+    assert result.capture.packets > 500
+    return sink, result
+
+
+def _scan_shape(shape: str, tmp: Path) -> object:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from hostile_shapes import write
+
+    from netdiag.pipeline import Options, analyze
+    from netdiag.report.records_out import CollectingSink
+
+    path = tmp / f"{shape}.pcap"
+    if not path.exists():
+        packets, _ = write(shape, 20_000, path)
+        assert packets >= 10_000
+    sink = CollectingSink()
+    return sink, analyze([str(path)], sink, Options())
+
+
+def _self_check() -> object:
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    for _ in range(5000):
+        Node()
+    return None
+
+
+def _count_in_child(*args: str, tmp: Path | None = None) -> int:
+    out = subprocess.run([sys.executable, __file__, *args,
+                          str(tmp or ROOT)], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    return int(json.loads(out.strip().splitlines()[-1]))
 
 
 @pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("collect", [False, True])
 def test_a_scan_makes_no_cyclic_garbage(keys: bool, collect: bool) -> None:
-    def scan() -> object:
-        options = Options(keylog=KeyLog.from_file(KEYS) if keys else None)
-        sink: Any = CollectingSink() if collect else JsonlSink(io.StringIO())
-        result = analyze([str(CAPTURE)], sink, options)
-        if not collect:
-            sink.end(result)
-        return sink, result
-
-    found, (_sink, result) = _garbage_while(scan)  # type: ignore[misc]
-    assert result.capture.packets > 500
-    assert found == 0
+    assert _count_in_child("shipped", str(int(keys)), str(int(collect))) == 0
 
 
-@pytest.mark.parametrize("shape", ["h2", "h1", "h1up", "conns", "servers", "ooo",
-                                   "halfopen", "dns", "frag"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_hostile_shapes_make_no_cyclic_garbage(shape: str, tmp_path: Path) -> None:
-    from hostile_shapes import write
-
-    path = tmp_path / f"{shape}.pcap"
-    packets, _ = write(shape, 20_000, path)
-    found, _kept = _garbage_while(lambda: (s := CollectingSink(), analyze(
-        [str(path)], s, Options())))
-    assert packets >= 10_000
-    assert found == 0
+    assert _count_in_child("shape", shape, tmp=tmp_path) == 0
 
 
 def test_the_counting_sees_cyclic_garbage() -> None:
-    class Node:
-        def __init__(self) -> None:
-            self.me = self
+    # each of 5,000 self-referencing objects (the last few hundred may wait for a
+    # later collection)
+    assert _count_in_child("self-check") >= 4000
 
-    def scan() -> object:
-        for _ in range(5000):
-            Node()
-        return None
 
-    found, _ = _garbage_while(scan)
-    assert found >= 4000  # the last few hundred are left for a later collection
+if __name__ == "__main__":
+    what, rest = sys.argv[1], sys.argv[2:]
+    if what == "shipped":
+        n = _garbage_while(lambda: _scan_shipped(rest[0] == "1", rest[1] == "1"))
+    elif what == "shape":
+        n = _garbage_while(lambda: _scan_shape(rest[0], Path(rest[1])))
+    else:
+        n = _garbage_while(_self_check)
+    print(json.dumps(n))
