@@ -50,7 +50,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.tls.decrypt",
     "netdiag.protocols.tls_decrypt",
     "netdiag.analysis.stats",
-    "netdiag.analysis.summary",
     "netdiag.paths.chains",
     "netdiag.paths.budget",
     "netdiag.protocols.resp",
@@ -59,8 +58,7 @@ COMPILED_MODULES: tuple[str, ...] = (
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
-decryption and the decrypting TLS analyzer, RESP, the summary counted per finished
-connection, and the path analysis: hop linking,
+decryption and the decrypting TLS analyzer, RESP, and the path analysis: hop linking,
 attribution, the edge facts and the budgets); everything else is pure Python (HTTP/1.x,
 QUIC and HTTP/3 too)."""
 GROUP_NAME = "netdiag._core"
