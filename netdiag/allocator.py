@@ -17,7 +17,6 @@ when the process ends. Elsewhere than glibc it does nothing.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 
 M_TRIM_THRESHOLD = -1
@@ -37,13 +36,15 @@ def tune_allocator() -> bool:
     processes it forks inherit them); not for long-lived servers."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # here: the probes import the collector's policy, not this
+
     try:
         libc = ctypes.CDLL(None)
-        gnu_get_libc_version = libc.gnu_get_libc_version  # glibc only (not musl)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    del gnu_get_libc_version
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (not musl)
+        return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) \

@@ -452,13 +452,13 @@ class Chains:
         """The chain of ``root``: itself and every request it caused, depth first (a
         chain of more than one request is walked once: the links are made before the
         chains are)."""
-        if not root.children:
-            return [Step(root, 0, root.own_ns(), True, root.own_parts_ns())]
         key = root.key
         out = self._steps.get(key)
         if out is None:
-            out = self._steps[key] = []
+            out = []
             _walk_steps(root, 0, True, out)
+            if root.children:  # a chain of one step is not worth keeping
+                self._steps[key] = out
         return list(out)
 
     def links(self, root: Node) -> list[str]:
