@@ -246,6 +246,9 @@ class Node:
     opened: bool = False
     """Its connection was opened while the parent waited, for this request: the TCP
     and TLS handshakes count as this hop's setup time."""
+    num: int = 0
+    """Set by the linker: its number among the linked nodes (0 to their count less
+    one): maps keyed by a pair of nodes use one integer, not a tuple of two ids."""
     ranks: tuple[int, int, int, int] = (0, 0, 0, 0)
     """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
     :func:`_rank`, so that sorting and comparing by arrival is by one integer (four
@@ -866,6 +869,14 @@ def _assign(edges: list[_Edge], second: bool,
     return taken
 
 
+def _median_gap(parents: Sequence[Node], end: bool) -> float | None:
+    """Median gap (ms) between successive anchors of ``parents``, None for fewer than
+    two."""
+    ts = sorted([_anchor_ns(n, end) for n in parents])
+    gaps = sorted([b - a for a, b in pairwise(ts)])
+    return gaps[len(gaps) // 2] / 1e6 if gaps else None
+
+
 def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, Any], _PairStats],
                parents: Mapping[tuple[Any, ...], Sequence[Node]]
                ) -> dict[tuple[Any, Any], _PairStats]:
@@ -874,16 +885,15 @@ def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, 
     its own offset the steadier is the pair's anchor (a token call goes out on arrival;
     an origin's answer is relayed). ``parents``: per parent group, its requests that
     contain a candidate child (the gaps between them are what chance gives)."""
-
-    def gap(group: tuple[Any, ...], end: bool) -> float | None:
-        ts = sorted(_anchor_ns(n, end) for n in parents.get(group, ()))
-        gaps = sorted(b - a for a, b in pairwise(ts))
-        return gaps[len(gaps) // 2] / 1e6 if gaps else None
-
+    gaps_of: dict[tuple[Any, ...], tuple[float | None, float | None]] = {}
     out: dict[tuple[Any, Any], _PairStats] = {}
     for pair in set(starts) | set(ends):
         a, b = starts.get(pair), ends.get(pair)
-        ga, gb = gap(pair[0], False), gap(pair[0], True)
+        got = gaps_of.get(pair[0])
+        if got is None:  # per parent group, not per pair: a group is parent to many
+            got = gaps_of[pair[0]] = (_median_gap(parents.get(pair[0], ()), False),
+                                      _median_gap(parents.get(pair[0], ()), True))
+        ga, gb = got
         ca = a.iqr_so / max(ga or 0.0, 0.001) if a is not None else None
         cb = (b.iqr_eo / max(gb or 0.0, 0.001)
               if b is not None and b.iqr_eo is not None else None)
@@ -1162,7 +1172,8 @@ class _Linker:
         self._subsets: dict[tuple[Any, ...], _Parents] = {}
         self._rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
         self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
-        self._edges: dict[tuple[int, int], _Edge | None] = {}
+        self._edges: dict[int, _Edge | None] = {}
+        """Candidate links built, by ``parent.num * len(nodes) + child.num``."""
         self._every_cache: dict[tuple[int, int], int] = {}
         """Per child and subset of parents, a cap its containing parents exceed."""
         self._kept: dict[tuple[int, tuple[Any, ...]],
@@ -1170,7 +1181,8 @@ class _Linker:
         # one tuple per distinct group and kind, shared by the nodes (dictionary keys
         # then compare by identity first)
         shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        for n in nodes:
+        for num, n in enumerate(nodes):
+            n.num = num
             g = self._group_of(n)
             n.group = shared.setdefault(g, g)
             k = self._kind_of(n)
@@ -1304,7 +1316,7 @@ class _Linker:
     def _edge_of(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
                  declared: bool) -> _Edge | None:
         """The candidate link ``p -> u``, built once (``p`` contains ``u``)."""
-        key = (id(p), id(u))
+        key = p.num * len(self.nodes) + u.num
         e = self._edges.get(key, _NO_EDGE)
         if e is _NO_EDGE:
             e = self._edges[key] = self._edge(p, u, pg, cg, declared, u.rid)
