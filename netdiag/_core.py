@@ -55,11 +55,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.protocols.resp",
     "netdiag.paths.attribute",
     "netdiag.paths.edge",
+    "netdiag.paths.load",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
 decryption and the decrypting TLS analyzer, RESP, and the path analysis: hop linking,
-attribution, the edge facts and the budgets); everything else is pure Python (HTTP/1.x,
+attribution, the edge facts, the budgets and the load over time); everything else is pure Python (HTTP/1.x,
 QUIC and HTTP/3 too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``

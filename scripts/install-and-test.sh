@@ -38,4 +38,4 @@ python3 -m pytest -q "$@"
 NETDIAG_CORE=python python3 -m pytest -q tests/flows tests/capture tests/protocols \
     tests/analysis tests/paths/test_paths_matching.py tests/paths/test_chains_scale.py \
     tests/paths/test_paths_chains.py tests/paths/test_paths_budget.py \
-    tests/paths/test_paths_attribute.py
+    tests/paths/test_paths_attribute.py tests/paths/test_load.py

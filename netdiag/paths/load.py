@@ -269,23 +269,26 @@ def _in_flight_max(requests: Sequence[tuple[int, int | None, int | None, int, bo
                    bins: list[int], origin: int, interval_ns: int) -> list[int]:
     """Per listed interval, the most requests open at once within it (a sweep: ends
     before starts at the same instant)."""
-    events = sorted([(r[0], 1) for r in requests]
-                    + [(max(r[0], r[2] or r[1] or r[0]), -1) for r in requests],
-                    key=lambda e: (e[0], e[1]))
+    # one integer per event, 2 * time + 1 for a start and 2 * time for an end: sorted,
+    # an instant's ends come before its starts
+    events = sorted([2 * r[0] + 1 for r in requests]
+                    + [2 * max(r[0], r[2] or r[1] or r[0]) for r in requests])
     out = []
     cur = 0
     j = 0
+    n = len(events)
     for bi in bins:
         start = origin + bi * interval_ns
         end = start + interval_ns
-        while j < len(events) and events[j][0] < start:
-            cur += events[j][1]
+        while j < n and events[j] >> 1 < start:
+            cur += 1 if events[j] & 1 else -1
             j += 1
         peak = cur
-        while j < len(events) and events[j][0] < end:
-            cur += events[j][1]
+        while j < n and events[j] >> 1 < end:
+            cur += 1 if events[j] & 1 else -1
             j += 1
-            peak = max(peak, cur)
+            if cur > peak:
+                peak = cur
         out.append(peak)
     return out
 
