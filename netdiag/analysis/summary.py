@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from netdiag.analysis.stats import percentiles
+from netdiag.analysis.tally import request_times
 from netdiag.contract import QuicSummary, Summary
 from netdiag.records import Connection, DnsTransaction, Request, ns_to_ms
 
@@ -169,21 +170,16 @@ class SummaryBuilder:
             if len(reqs) == 1 and len(self.http_single_request_conns) < 1000:
                 self.http_single_request_conns.append(c.id)
             self.http_protocols[c.protocol or "unknown"] += len(reqs)
-            worst = None
-            for r in reqs:
-                if r.estimated:
-                    self.http_estimated = True
-                    self.http_estimated_requests += 1
-                if r.first_byte_ns is not None:
-                    ms = (r.first_byte_ns - r.ts_ns) / 1e6
-                    self.http_ttfb.append(ms)
-                    worst = ms if worst is None else max(worst, ms)
-                if r.last_byte_ns is not None:
-                    self.http_ttlb.append((r.last_byte_ns - r.ts_ns) / 1e6)
-                if r.sse_events:
-                    self._add_stream(c.id, r)
-            if worst is not None:
-                self.http_slowest_ttfb.add(worst, c.id)
+            times = request_times(reqs)
+            if times.estimated:
+                self.http_estimated = True
+                self.http_estimated_requests += times.estimated
+            self.http_ttfb.extend(times.ttfb_ms)
+            self.http_ttlb.extend(times.ttlb_ms)
+            for r in times.streams:
+                self._add_stream(c.id, r)
+            if times.ttfb_ms:
+                self.http_slowest_ttfb.add(max(times.ttfb_ms), c.id)
         self.slowest_connections.add_made(_worst_ms(c), c.id, lambda: slow_row(c))
 
     def _add_tcp(self, c: Connection) -> None:
