@@ -636,12 +636,22 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
     anchor time, then by the place in the order by start (the first of the four), as
     one integer per node."""
     n = len(nodes)
+    if not n:
+        return
     base = [0] * n
     at = [0] * n  # the node at each place of the order by start
-    for r, t in enumerate(sorted([(nd.ts_ns, nd.conn_id, nd.index, i)
-                                  for i, nd in enumerate(nodes)])):
-        base[t[3]] = r
-        at[r] = t[3]
+    # (start, connection id, index) as one integer: the connection's place among the ids
+    # sorted as strings, times the widest index, plus the index, under the start
+    ids = sorted({nd.conn_id for nd in nodes})
+    id_place = {cid: k for k, cid in enumerate(ids)}
+    width = max(nd.index for nd in nodes) + 1
+    ties = len(ids) * width
+    first = min(nd.ts_ns for nd in nodes)
+    keys = [(nd.ts_ns - first) * ties + id_place[nd.conn_id] * width + nd.index
+            for nd in nodes]
+    for r, i in enumerate(sorted(range(n), key=keys.__getitem__)):
+        base[i] = r
+        at[r] = i
     places: list[list[int]] = [base]
     for v in range(1, 4):
         end, child = bool(v & 1), bool(v & 2)
