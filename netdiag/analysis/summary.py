@@ -160,6 +160,7 @@ class SummaryBuilder:
             if tls.alert and tls.alert.startswith("fatal") and len(self.tls_alerts) < TOP_K:
                 self.tls_alerts.append(f"{c.id}: {tls.alert}")
         reqs = c.requests
+        ttfbs: list[float] | None = None
         if c.protocol == "resp":
             self._add_resp(c)
             reqs = []
@@ -171,6 +172,7 @@ class SummaryBuilder:
                 self.http_single_request_conns.append(c.id)
             self.http_protocols[c.protocol or "unknown"] += len(reqs)
             times = request_times(reqs)
+            ttfbs = times.ttfb_ms
             if times.estimated:
                 self.http_estimated = True
                 self.http_estimated_requests += times.estimated
@@ -180,7 +182,8 @@ class SummaryBuilder:
                 self._add_stream(c.id, r)
             if times.ttfb_ms:
                 self.http_slowest_ttfb.add(max(times.ttfb_ms), c.id)
-        self.slowest_connections.add_made(_worst_ms(c), c.id, lambda: slow_row(c))
+        self.slowest_connections.add_made(_slow_figures(c, ttfbs)[3], c.id,
+                                          lambda: slow_row(c))
 
     def _add_tcp(self, c: Connection) -> None:
         self.tcp_connections += 1
@@ -329,23 +332,22 @@ class NoSummary(SummaryBuilder):
         pass
 
 
-def _slow_figures(c: Connection) -> tuple[float | None, float | None, float | None, float]:
-    """(handshake RTT, TLS handshake, worst time to first byte, the worst of them) in ms."""
+def _slow_figures(c: Connection, ttfbs: list[float] | None = None
+                  ) -> tuple[float | None, float | None, float | None, float]:
+    """(handshake RTT, TLS handshake, worst time to first byte, the worst of them) in ms.
+    ``ttfbs``: the requests' times to first byte when already taken."""
     rtt = None
     if c.syn_ns is not None and c.handshake_ack_ns is not None:
         rtt = (c.handshake_ack_ns - c.syn_ns) / 1e6
     elif c.initial_ns is not None and c.initial_answer_ns is not None:
         rtt = (c.initial_answer_ns - c.initial_ns) / 1e6
     tls_ms = ns_to_ms(c.tls.handshake_ns) if c.tls is not None else None
-    ttfbs = [(r.first_byte_ns - r.ts_ns) / 1e6 for r in c.requests if r.first_byte_ns is not None]
+    if ttfbs is None:
+        ttfbs = [(r.first_byte_ns - r.ts_ns) / 1e6 for r in c.requests
+                 if r.first_byte_ns is not None]
     ttfb = max(ttfbs) if ttfbs else None
     worst = max(v for v in (rtt, tls_ms, ttfb, 0.0) if v is not None)
     return rtt, tls_ms, ttfb, worst
-
-
-def _worst_ms(c: Connection) -> float:
-    """The figure the slowest connections are ranked by (:func:`slow_row`'s ``worst_ms``)."""
-    return _slow_figures(c)[3]
 
 
 def slow_row(c: Connection) -> dict[str, Any]:
