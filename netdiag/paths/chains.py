@@ -170,6 +170,9 @@ _ADDRESS_BONUS_MS = 0.5
 _RID_COST = -1e9
 _INF = float("inf")
 _NO_EDGE = object()
+_NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
+"""What :meth:`_Linker._same_rid` gives a child without an equal request id (never
+written to)."""
 
 
 def _ms(ns: int | None) -> float | None:
@@ -1305,21 +1308,23 @@ class _Linker:
     def _same_rid(self, u: Node) -> dict[tuple[Any, ...], list[Node]]:
         """Per parent group, the requests with the child's request id that contain it, in
         start order: however far back they began (the newest :data:`MAX_SCAN` that began
-        before it: an id repeated without end costs no more)."""
+        before it: an id repeated without end costs no more). Read only: a child without
+        an id, or whose id no parent request carries, shares one empty map."""
+        urid = u.rid
+        if urid is None or urid not in self._rid_index:
+            return _NO_SAME
         got = self._same.get(id(u))
         if got is not None:
             return got
         out: dict[tuple[Any, ...], list[Node]] = {}
-        urid = u.rid
-        if urid is not None and urid in self._rid_index:
-            same, starts, ends, blocks = self._rid_index[urid]
-            top = bisect_right(starts, u.ts_ns)
-            for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
-                p = same[k]
-                if self._contains(p, u):
-                    out.setdefault(p.group, []).append(p)
-            for lst in out.values():
-                lst.reverse()
+        same, starts, ends, blocks = self._rid_index[urid]
+        top = bisect_right(starts, u.ts_ns)
+        for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
+            p = same[k]
+            if self._contains(p, u):
+                out.setdefault(p.group, []).append(p)
+        for lst in out.values():
+            lst.reverse()
         self._same[id(u)] = out
         return out
 
