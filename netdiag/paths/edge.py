@@ -40,7 +40,13 @@ from importlib import resources
 from typing import Any
 
 from netdiag.analysis.stats import quantile
-from netdiag.paths.profile import INITIAL_TTLS, Profile, hop_distance, split_endpoint
+from netdiag.paths.profile import (
+    INITIAL_TTLS,
+    Profile,
+    hop_distance,
+    parse_ip,
+    split_endpoint,
+)
 from netdiag.records import NS_PER_MS, Connection, Finding, Request
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -499,17 +505,7 @@ def shipped_ranges() -> tuple[EdgeRanges, ...]:
 
 def _addr(ep: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     host, _ = split_endpoint(ep)
-    return _parsed_host(host)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _parsed_host(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address of an endpoint's host part (parsed once per address: a capture has
-    one per server and client host, not one per connection)."""
-    try:
-        return ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
+    return parse_ip(host.strip("[]"))
 
 
 def range_match(ip: str, profile: Profile | None = None

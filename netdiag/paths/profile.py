@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import ipaddress
 import re
 import tomllib
@@ -75,7 +76,10 @@ def _split_endpoint(ep: str) -> tuple[str, int | None]:
     return ep, None
 
 
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+@functools.lru_cache(maxsize=1 << 16)
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an address, None where it is not one (parsed once per text: a capture
+    has one per host, not one per connection)."""
     try:
         return ipaddress.ip_address(text)
     except ValueError:
@@ -200,7 +204,7 @@ class Profile:
         connection's content (``sni``, ``authority``, ``alpn``, ``client``, ``header``)
         are not looked at.
         """
-        addr = _ip(ip.strip("[]"))
+        addr = parse_ip(ip.strip("[]"))
         if addr is None:
             return None
         for p in self.paths:
@@ -223,9 +227,9 @@ class _ConnFacts:
         self.conn = conn
         sip, sport = split_endpoint(conn.server)
         cip, _ = split_endpoint(conn.client)
-        self.server_ip = _ip(sip)
+        self.server_ip = parse_ip(sip)
         self.server_port = sport
-        self.client_ip = _ip(cip)
+        self.client_ip = parse_ip(cip)
         tls = conn.tls
         self.sni = tls.sni if tls is not None else None
         alpn = tls.alpn if tls is not None else None
