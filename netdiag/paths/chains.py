@@ -904,8 +904,8 @@ def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, 
         a, b = starts.get(pair), ends.get(pair)
         got = gaps_of.get(pair[0])
         if got is None:  # per parent group, not per pair: a group is parent to many
-            got = gaps_of[pair[0]] = (_median_gap(parents.get(pair[0], ()), False),
-                                      _median_gap(parents.get(pair[0], ()), True))
+            marked = parents.get(pair[0], ())
+            got = gaps_of[pair[0]] = (_median_gap(marked, False), _median_gap(marked, True))
         ga, gb = got
         ca = a.iqr_so / max(ga or 0.0, 0.001) if a is not None else None
         cb = (b.iqr_eo / max(gb or 0.0, 0.001)
