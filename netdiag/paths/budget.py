@@ -348,6 +348,14 @@ def _hop_names(chains: Chains, root: Node, path: str) -> list[str]:
 def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
     """Add one chain's per-hop figures to its path's budget: what each hop served (every
     chain), and the time each took of the client's wait (complete chains only)."""
+    if root.children:
+        _chain_figures(b, chains, root, complete)
+    else:
+        _lone_figures(b, root, complete)
+
+
+def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
+    """:func:`_hop_figures` of any chain, step by step."""
     own: dict[str, int] = defaultdict(int)
     own_seen: set[str] = set()
     parts: dict[str, list[int]] = {}
@@ -394,6 +402,31 @@ def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> N
         b.hop(hop).setup.append(ns / 1e6)
     if think is not None:
         b.think.append(think / 1e6)
+
+
+def _lone_figures(b: PathBudget, root: Node, complete: bool) -> None:
+    """:func:`_hop_figures` of a chain of one request (most of them, in a capture of
+    direct traffic): its one step at depth 0, in the time to first byte, whose own time
+    is its whole wait; no caller, no split, no setup, and no step objects built."""
+    p = root.conn.path
+    hop = (None if p is None else p.get("hop")) or "?"
+    path = None if p is None else p.get("name")
+    if path is not None and path != b.name:
+        hop = f"{path}.{hop}"
+    hb = b.hop(hop)
+    hb.depth = 0
+    wait = root.wait_ns
+    if wait is None:
+        return
+    hb.wait.append(wait / 1e6)
+    if is_resp(root.conn, root.req):
+        hb.commands[root.req.method or "?"].append(wait / 1e6)
+    if not complete:
+        return
+    hb.own.append(wait / 1e6)
+    b.root_own[id(root)] = {hop: wait}
+    if hop == b.origin_hop:
+        b.think.append(wait / 1e6)
 
 
 def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Connection]],

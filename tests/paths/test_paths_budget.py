@@ -6,7 +6,7 @@ import random
 import time
 
 import pytest
-from paths_synth import PROFILE, conn, dns, dpf_request, resp, roc_request
+from paths_synth import PROFILE, conn, dns, dpf_request, req, resp, roc_request
 
 from netdiag.analysis.stats import PERCENTILE_KEYS, bootstrap_median_diff, median
 from netdiag.paths.apply import analyze_paths
@@ -207,3 +207,35 @@ def test_estimated_requests_mark_the_path() -> None:
     a = analyze_paths(conns, [], None)
     (b,) = a.budgets.values()
     assert b.estimated and a.summary()[b.name]["estimated"] is True
+
+
+@pytest.mark.parametrize("with_profile", [True, False])
+def test_lone_requests_take_the_same_figures_as_a_walked_chain(with_profile: bool) -> None:
+    """The shortcut for chains of one request (most of a capture of direct traffic) adds
+    to a budget exactly what walking the chain step by step adds."""
+    from netdiag.paths.budget import _chain_figures, _lone_figures
+
+    conns = _lab(4)
+    conns.append(conn("C800", "127.0.0.2:41000", "127.0.0.40:443",
+                      [req(50, 60, 70), req(80, None), req(90, 91, estimated=True)]))
+    conns.append(conn("C801", "127.0.0.2:41001", "127.0.0.50:6379",
+                      [resp(100, 100.5, "GET"), resp(110, 110.2, "PING")], protocol="resp"))
+    a = analyze_paths(conns, DNS, parse_profile(PROFILE) if with_profile else None)
+    lone = [(b, root) for b in a.budgets.values() for root in b.roots if not root.children]
+    # with the profile, the Redis server no path names is on no path (no budget)
+    kinds = {"h2"} if with_profile else {"h2", "resp"}
+    assert len(lone) >= 5 and {root.req.protocol for _, root in lone} >= kinds
+    assert any(root.wait_ns is None for _, root in lone)
+    for b, root in lone:
+        for complete in (True, False):
+            got: list[dict[str, object]] = []
+            for walked in (False, True):
+                fresh = PathBudget(b.name, b.inferred, origin_hop=root.conn.path["hop"])
+                if walked:
+                    _chain_figures(fresh, a.chains, root, complete)
+                else:
+                    _lone_figures(fresh, root, complete)
+                got.append({"json": fresh.to_json(), "own": fresh.root_own,
+                            "think": fresh.think,
+                            "depth": {h.name: h.depth for h in fresh.hops.values()}})
+            assert got[0] == got[1]
