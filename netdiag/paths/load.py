@@ -214,50 +214,66 @@ class LoadBuilder:
 
 def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any]], bool]:
     """The path's intervals (dense, or its active ones only) and whether sparse."""
-    def b(t: int) -> int:
-        return (t - origin) // interval_ns
-
-    by_bin: dict[int, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows.requests):
-        by_bin[b(r[0])].append(i)
-    counts: dict[str, dict[int, int]] = {}
-    for what, seq in (("conn", rows.connections), ("retx", rows.retransmissions),
-                      ("dns", rows.dns)):
-        c: dict[int, int] = defaultdict(int)
+    requests = rows.requests
+    by_bin: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        bi = (r[0] - origin) // interval_ns
+        idx = by_bin.get(bi)
+        if idx is None:
+            by_bin[bi] = [i]
+        else:
+            idx.append(i)
+    counts: list[dict[int, int]] = []
+    for seq in (rows.connections, rows.retransmissions, rows.dns):
+        c: dict[int, int] = {}
         for t in seq:
-            c[b(t)] += 1
-        counts[what] = c
-    active = set(by_bin) | set(counts["conn"]) | set(counts["retx"]) | set(counts["dns"])
+            bi = (t - origin) // interval_ns
+            c[bi] = c.get(bi, 0) + 1
+        counts.append(c)
+    conn, retx, dns = counts
+    active = set(by_bin) | set(conn) | set(retx) | set(dns)
     if not active:
         return [], False
     lo, hi = min(active), max(active)
     is_sparse = hi - lo + 1 > SPARSE_FACTOR * len(active) + 8
     bins = sorted(active) if is_sparse else list(range(lo, hi + 1))
-    in_flight = _in_flight_max(rows.requests, bins, origin, interval_ns)
-    hop_names = sorted({h for r in rows.requests if r[6] for h in r[6]})
+    in_flight = _in_flight_max(requests, bins, origin, interval_ns)
+    hop_names = sorted({h for r in requests if r[6] for h in r[6]})
     seconds = interval_ns / 1e9
     series = []
+    no_requests: list[int] = []
     for k, bi in enumerate(bins):
-        idx = by_bin.get(bi, [])
-        reqs = [rows.requests[i] for i in idx]
-        n = len(reqs)
+        idx = by_bin.get(bi, no_requests)
+        n = len(idx)
+        ttfb: list[float | None] = []
+        ttlb: list[float | None] = []
+        reused = nbytes = 0
+        estimated = False
+        for i in idx:
+            r = requests[i]
+            ttfb.append(None if r[1] is None else (r[1] - r[0]) / NS_PER_MS)
+            ttlb.append(None if r[2] is None else (r[2] - r[0]) / NS_PER_MS)
+            if not r[4]:
+                reused += 1
+            nbytes += r[3]
+            if r[5]:
+                estimated = True
         entry: dict[str, Any] = {
             "start_ts": (origin + bi * interval_ns) / 1e9,
             "requests": n,
             "rate_per_s": round(n / seconds, 6),
             "in_flight_max": in_flight[k],
-            "new_connections": counts["conn"].get(bi, 0),
-            "reuse_rate": None if not n else round(sum(1 for r in reqs if not r[4]) / n, 6),
-            "dns_lookups": counts["dns"].get(bi, 0),
-            "ttfb_ms": percentiles([None if r[1] is None else (r[1] - r[0]) / NS_PER_MS
-                                    for r in reqs]),
-            "ttlb_ms": percentiles([None if r[2] is None else (r[2] - r[0]) / NS_PER_MS
-                                    for r in reqs]),
-            "retransmissions": counts["retx"].get(bi, 0),
-            "bytes": sum(r[3] for r in reqs),
-            "estimated": any(r[5] for r in reqs),
+            "new_connections": conn.get(bi, 0),
+            "reuse_rate": None if not n else round(reused / n, 6),
+            "dns_lookups": dns.get(bi, 0),
+            "ttfb_ms": percentiles(ttfb),
+            "ttlb_ms": percentiles(ttlb),
+            "retransmissions": retx.get(bi, 0),
+            "bytes": nbytes,
+            "estimated": estimated,
         }
         if hop_names:
+            reqs = [requests[i] for i in idx]
             entry["hops"] = {h: {"own_ms": percentiles([
                 r[6][h] / NS_PER_MS for r in reqs if r[6] and h in r[6]])} for h in hop_names}
         series.append(entry)
