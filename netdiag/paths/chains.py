@@ -1178,7 +1178,9 @@ class _Linker:
         """Per child and parent group, its cap where doubled (:meth:`assign`)."""
         self.capped: set[tuple[int, tuple[Any, ...]]] = set()
         """Children (and parent groups) the cap may have decided in the last round."""
-        self._node: dict[int, Node] = {id(n): n for n in nodes}
+        self._node: dict[int, Node] | None = None
+        """The nodes by ``id``, built when the assignment first needs them (:meth:`_by_id`):
+        most captures never widen a child's cap."""
         self.stepped = 0
         self.weighed = 0
         self._groups: dict[tuple[Any, ...], list[Node]] = {}
@@ -1202,6 +1204,12 @@ class _Linker:
             n.kind = shared.setdefault(k, k)
             n.rid = request_id(n.req)
             n.resp = is_resp(n.conn, n.req)
+
+    def _by_id(self, ident: int) -> Node:
+        """The node whose ``id`` is ``ident``."""
+        if self._node is None:
+            self._node = {id(n): n for n in self.nodes}
+        return self._node[ident]
 
     @staticmethod
     def _group_of(n: Node) -> tuple[Any, ...]:
@@ -1538,7 +1546,7 @@ class _Linker:
             for key, (_bound, _found, complete, half) in self.left_out.items():
                 if complete:
                     continue
-                u = self._node[key[0]]
+                u = self._by_id(key[0])
                 gk = (key[1], u.kind if by_kind else u.group)
                 e = matchings.get(gk, {}).get(key[0])
                 if e is None or (not e.rid and e.cost >= half):
@@ -1551,7 +1559,7 @@ class _Linker:
             for key in deep:
                 if key in self.capped:
                     continue
-                u = self._node[key[0]]
+                u = self._by_id(key[0])
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
                 declared, hopeless = self.pair_info[(key[1], u.group)]
                 kept = self._links(u, key[1], declared, hopeless, stats, mode)
