@@ -19,10 +19,10 @@ from netdiag.records import Connection
 from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_markup, safe_text
 
 
-def _fmt(values: Sequence[float], q: float) -> str:
-    if not values:
+def _fmt(sorted_values: Sequence[float], q: float) -> str:
+    if not sorted_values:
         return "–"
-    x = quantile(sorted(values), q)
+    x = quantile(sorted_values, q)
     return f"{x:.1f}" if x < 1000 else f"{x / 1000:.2f} s"
 
 
@@ -115,7 +115,7 @@ def _budget_rows(budgets: Sequence[PathBudget]) -> list[tuple[str, str | None,
     def row(label: str, get: Any, style: str | None = None) -> None:
         cells: list[tuple[str, str] | None] = []
         for b in budgets:
-            vals = get(b)
+            vals = sorted(get(b))
             cells.append((f"{_fmt(vals, 0.5)} / {_fmt(vals, 0.99)} ", f"({len(vals)})")
                          if vals else None)
         rows.append((label, style, cells))
