@@ -142,9 +142,12 @@ class PathBudget:
     upstream_unlinked: int = 0
     """Requests at a hop behind the client-facing one that no client request could be
     linked to (never counted as client requests)."""
-    root_own: dict[int, dict[str, int]] = field(default_factory=dict)
-    """Per complete chain (by ``id`` of its root node): each hop's own time within the
-    client's time to first byte (ns), as added to ``hops[].own``."""
+    root_own: list[dict[str, int] | str | None] = field(default_factory=list)
+    """Per client request (in the order of :attr:`roots`) whose chain is complete: each
+    hop's own time within its time to first byte (ns), as added to ``hops[].own``; None
+    for the others. A chain of one request holds just its hop's name: that hop's own time
+    is the request's whole time to first byte (no map per request, in a capture of direct
+    traffic most of them). :func:`own_times` reads either."""
 
     @property
     def requests(self) -> int:
@@ -212,8 +215,7 @@ def build_budgets(connections: Sequence[Connection], dns_records: Sequence[DnsTr
     _keep_complete_chains(budgets.all, chains, complete)
     for name, b in budgets.all.items():
         whole = {id(r) for r in complete.get(name, [])}
-        for root in b.roots:
-            _hop_figures(b, chains, root, id(root) in whole)
+        b.root_own = [_hop_figures(b, chains, root, id(root) in whole) for root in b.roots]
     _finish(budgets.all, client_conns, dns_records)
     return budgets.all
 
@@ -345,16 +347,27 @@ def _hop_names(chains: Chains, root: Node, path: str) -> list[str]:
     return out
 
 
-def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
+def own_times(own: dict[str, int] | str | None, root: Node) -> dict[str, int] | None:
+    """A :attr:`PathBudget.root_own` entry of ``root`` as a map of hop to own time (ns)."""
+    if isinstance(own, str):
+        wait = root.wait_ns
+        assert wait is not None
+        return {own: wait}
+    return own
+
+
+def _hop_figures(b: PathBudget, chains: Chains, root: Node, complete: bool
+                 ) -> dict[str, int] | str | None:
     """Add one chain's per-hop figures to its path's budget: what each hop served (every
-    chain), and the time each took of the client's wait (complete chains only)."""
+    chain), and the time each took of the client's wait (complete chains only); returns
+    its :attr:`PathBudget.root_own` entry."""
     if root.children:
-        _chain_figures(b, chains, root, complete)
-    else:
-        _lone_figures(b, root, complete)
+        return _chain_figures(b, chains, root, complete)
+    return _lone_figures(b, root, complete)
 
 
-def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) -> None:
+def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool
+                   ) -> dict[str, int] | None:
     """:func:`_hop_figures` of any chain, step by step."""
     own: dict[str, int] = defaultdict(int)
     own_seen: set[str] = set()
@@ -392,8 +405,6 @@ def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) ->
             think = (think or 0) + n.wait_ns
     for hop in own_seen:
         b.hop(hop).own.append(own[hop] / 1e6)
-    if own_seen:
-        b.root_own[id(root)] = {hop: own[hop] for hop in own_seen}
     for hop, acc in parts.items():
         split = b.hop(hop).own_split
         for k, key in enumerate(("before_calls", "between_calls", "after_calls")):
@@ -402,12 +413,14 @@ def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool) ->
         b.hop(hop).setup.append(ns / 1e6)
     if think is not None:
         b.think.append(think / 1e6)
+    return {hop: own[hop] for hop in own_seen} if own_seen else None
 
 
-def _lone_figures(b: PathBudget, root: Node, complete: bool) -> None:
+def _lone_figures(b: PathBudget, root: Node, complete: bool) -> str | None:
     """:func:`_hop_figures` of a chain of one request (most of them, in a capture of
     direct traffic): its one step at depth 0, in the time to first byte, whose own time
-    is its whole wait; no caller, no split, no setup, and no step objects built."""
+    is its whole wait; no caller, no split, no setup, and no step objects built. Its
+    figures in milliseconds are one float, shared by the lists it goes into."""
     p = root.conn.path
     hop = (None if p is None else p.get("hop")) or "?"
     path = None if p is None else p.get("name")
@@ -417,16 +430,17 @@ def _lone_figures(b: PathBudget, root: Node, complete: bool) -> None:
     hb.depth = 0
     wait = root.wait_ns
     if wait is None:
-        return
-    hb.wait.append(wait / 1e6)
+        return None
+    ms = wait / 1e6
+    hb.wait.append(ms)
     if is_resp(root.conn, root.req):
-        hb.commands[root.req.method or "?"].append(wait / 1e6)
+        hb.commands[root.req.method or "?"].append(ms)
     if not complete:
-        return
-    hb.own.append(wait / 1e6)
-    b.root_own[id(root)] = {hop: wait}
+        return None
+    hb.own.append(ms)
     if hop == b.origin_hop:
-        b.think.append(wait / 1e6)
+        b.think.append(ms)
+    return hop
 
 
 def _finish(budgets: dict[str, PathBudget], client_conns: dict[str, dict[str, Connection]],

@@ -80,14 +80,19 @@ def format_interval(ns: int) -> str:
     return f"{ns / 1e6:g}ms"
 
 
+_Request = tuple[int, int | None, int | None, int, bool, bool, dict[str, int] | str | None]
+"""One client request's row (:attr:`_Rows.requests`)."""
+
+
 @dataclass
 class _Rows:
     """One path's rows."""
 
-    requests: list[tuple[int, int | None, int | None, int, bool, bool,
-                         dict[str, int] | None]] = field(default_factory=list)
+    requests: list[_Request] = field(default_factory=list)
     """(ts, first byte, last byte, body bytes, opened its connection, estimated, own
-    time per hop) per client request, in ns."""
+    time per hop) per client request, in ns (the own times as
+    :attr:`~netdiag.paths.budget.PathBudget.root_own` has them: a hop's name alone stands
+    for the whole time to first byte at that hop)."""
     connections: list[int] = field(default_factory=list)
     """First-packet times of the path's client connections."""
     retransmissions: list[int] = field(default_factory=list)
@@ -124,7 +129,7 @@ class LoadBuilder:
 
     def request(self, path: str | None, ts_ns: int, first_ns: int | None, last_ns: int | None,
                 nbytes: int, opened: bool, estimated: bool,
-                hop_own: dict[str, int] | None = None) -> None:
+                hop_own: dict[str, int] | str | None = None) -> None:
         """A client request of ``path``."""
         self._of(path).requests.append((ts_ns, first_ns, last_ns, nbytes, opened, estimated,
                                         hop_own))
@@ -238,7 +243,8 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
     is_sparse = hi - lo + 1 > SPARSE_FACTOR * len(active) + 8
     bins = sorted(active) if is_sparse else list(range(lo, hi + 1))
     in_flight = _in_flight_max(requests, bins, origin, interval_ns)
-    hop_names = sorted({h for r in requests if r[6] for h in r[6]})
+    hop_names = sorted({h for r in requests if r[6]
+                        for h in ((r[6],) if isinstance(r[6], str) else r[6])})
     seconds = interval_ns / 1e9
     series = []
     no_requests: list[int] = []
@@ -275,13 +281,24 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
         if hop_names:
             reqs = [requests[i] for i in idx]
             entry["hops"] = {h: {"own_ms": percentiles([
-                r[6][h] / NS_PER_MS for r in reqs if r[6] and h in r[6]])} for h in hop_names}
+                v / NS_PER_MS for r in reqs if (v := _own_ns(r, h)) is not None])}
+                for h in hop_names}
         series.append(entry)
     return series, is_sparse
 
 
-def _in_flight_max(requests: Sequence[tuple[int, int | None, int | None, int, bool, bool,
-                                            dict[str, int] | None]],
+def _own_ns(r: _Request, hop: str) -> int | None:
+    """The request's own time at ``hop`` (ns), None where it has none there."""
+    own = r[6]
+    if own is None:
+        return None
+    if isinstance(own, str):  # its one hop: the whole time to first byte
+        fb = r[1]
+        return None if own != hop or fb is None else fb - r[0]
+    return own.get(hop)
+
+
+def _in_flight_max(requests: Sequence[_Request],
                    bins: list[int], origin: int, interval_ns: int) -> list[int]:
     """Per listed interval, the most requests open at once within it (a sweep: ends
     before starts at the same instant)."""
@@ -408,11 +425,11 @@ def load_of_paths(connections: Sequence[Connection], dns_records: Sequence[DnsTr
     on_path: set[int] = set()
     for name in sorted(budgets):
         b = budgets[name]
-        for root in b.roots:
+        for root, own in zip(b.roots, b.root_own, strict=True):
             r = root.req
             lb.request(name, r.ts_ns, r.first_byte_ns, r.last_byte_ns,
                        (r.request_bytes or 0) + (r.response_bytes or 0), root.index == 0,
-                       r.estimated, b.root_own.get(id(root)))
+                       r.estimated, own)
         ips = set()
         for cid in b.client_connections:
             c = by_id.get(cid)

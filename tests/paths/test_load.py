@@ -114,6 +114,22 @@ def test_hop_own_times_per_interval() -> None:
     assert {e["hops"]["origin"]["own_ms"]["p99"] for e in s} == {20}
 
 
+def test_a_lone_hop_name_stands_for_the_whole_time_to_first_byte() -> None:
+    """A chain of one request carries its hop's name, not a map: its own time there is its
+    time to first byte, and it has none at any other hop (nor without a first byte)."""
+    lb = LoadBuilder()
+    for k in range(3):
+        t = T0 + k * S
+        lb.request("P", t, t + (30 + k) * MS, t + 60 * MS, 0, True, False, "origin")
+        lb.request("P", t + MS, t + 45 * MS, None, 0, False, False,
+                   {"router": 5 * MS, "origin": 40 * MS})
+        lb.request("P", t + 2 * MS, None, None, 0, False, False, "origin")
+    s = _series(lb, S)
+    assert [e["hops"]["origin"]["own_ms"]["min"] for e in s] == [30, 31, 32]
+    assert {e["hops"]["origin"]["own_ms"]["count"] for e in s} == {2}
+    assert {e["hops"]["router"]["own_ms"]["count"] for e in s} == {1}
+
+
 def test_a_sparse_path_lists_only_its_active_intervals() -> None:
     lb = LoadBuilder()
     lb.request("P", T0, T0 + MS, T0 + MS, 0, True, False)

@@ -213,7 +213,7 @@ def test_estimated_requests_mark_the_path() -> None:
 def test_lone_requests_take_the_same_figures_as_a_walked_chain(with_profile: bool) -> None:
     """The shortcut for chains of one request (most of a capture of direct traffic) adds
     to a budget exactly what walking the chain step by step adds."""
-    from netdiag.paths.budget import _chain_figures, _lone_figures
+    from netdiag.paths.budget import _chain_figures, _lone_figures, own_times
 
     conns = _lab(4)
     conns.append(conn("C800", "127.0.0.2:41000", "127.0.0.40:443",
@@ -226,16 +226,17 @@ def test_lone_requests_take_the_same_figures_as_a_walked_chain(with_profile: boo
     kinds = {"h2"} if with_profile else {"h2", "resp"}
     assert len(lone) >= 5 and {root.req.protocol for _, root in lone} >= kinds
     assert any(root.wait_ns is None for _, root in lone)
+    owned = 0
     for b, root in lone:
         for complete in (True, False):
             got: list[dict[str, object]] = []
             for walked in (False, True):
                 fresh = PathBudget(b.name, b.inferred, origin_hop=root.conn.path["hop"])
-                if walked:
-                    _chain_figures(fresh, a.chains, root, complete)
-                else:
-                    _lone_figures(fresh, root, complete)
-                got.append({"json": fresh.to_json(), "own": fresh.root_own,
+                own = (_chain_figures(fresh, a.chains, root, complete) if walked
+                       else _lone_figures(fresh, root, complete))
+                got.append({"json": fresh.to_json(), "own": own_times(own, root),
                             "think": fresh.think,
                             "depth": {h.name: h.depth for h in fresh.hops.values()}})
             assert got[0] == got[1]
+            owned += got[0]["own"] is not None
+    assert owned >= 3  # complete chains with a time to first byte were compared
