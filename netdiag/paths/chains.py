@@ -170,6 +170,9 @@ _ADDRESS_BONUS_MS = 0.5
 _RID_COST = -1e9
 _INF = float("inf")
 _NO_EDGE = object()
+_NO_CHILDREN: Final[list[Node]] = []
+"""The children of every node that caused none (:attr:`Node.children`; never written
+to)."""
 _NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
 """What :meth:`_Linker._same_rid` gives a child without an equal request id (never
 written to)."""
@@ -232,7 +235,10 @@ class Node:
     resp: bool = False
     """Set by the linker: a Redis (RESP) command."""
     parent: Node | None = None
-    children: list[Node] = field(default_factory=list)
+    children: list[Node] = field(default_factory=lambda: _NO_CHILDREN)
+    """The requests it caused, in the order linked. A node that caused none shares one
+    empty list (never appended to: :func:`link_requests` gives a parent a list of its own
+    at its first child), not one list per request."""
     link: str | None = None
     """How it was tied to its parent (the contract's ``link``): ``request-id`` (an equal
     id header), ``unique`` (the only candidate by containment), ``matched`` (chosen by
@@ -2245,7 +2251,10 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         u.candidates = count
         u.parent = p
         u.from_parent_address = e.address
-        p.children.append(u)
+        if p.children is _NO_CHILDREN:
+            p.children = [u]
+        else:
+            p.children.append(u)
 
     for c in conns:
         first_index = _first_request_index(c)
