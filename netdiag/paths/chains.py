@@ -433,7 +433,7 @@ class Chains:
     """Per server endpoint whose requests caused others."""
     stats: dict[str, int] = field(default_factory=dict)
     """What linking cost: ``children`` (requests that had a parent group to link to),
-    ``pairs_costed`` (distinct candidate links built and costed), ``pairs_stepped_over``
+    ``pairs_costed`` (candidate links built and costed), ``pairs_stepped_over``
     (requests of a parent group walked past because they did not contain the child),
     ``links_weighed`` (candidate links given to the assignment, over its rounds)."""
 
@@ -1195,6 +1195,9 @@ class _Linker:
         self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
         self._edges: dict[int, _Edge | None] = {}
         """Candidate links built, by ``parent.num * len(nodes) + child.num``."""
+        self.built = 0
+        """Candidate links built (one dropped by :meth:`forget_unweighed` and needed
+        again counts twice)."""
         self._every_cache: dict[tuple[int, int], int] = {}
         """Per child and subset of parents, a cap its containing parents exceed."""
         self._kept: dict[tuple[int, tuple[Any, ...]],
@@ -1349,7 +1352,24 @@ class _Linker:
         e = self._edges.get(key, _NO_EDGE)
         if e is _NO_EDGE:
             e = self._edges[key] = self._edge(p, u, pg, cg, declared, u.rid)
+            self.built += 1
         return e  # type: ignore[return-value]
+
+    def forget_unweighed(self, weighed: Callable[[tuple[Any, Any]], bool]) -> None:
+        """Drop what the first estimates built for pairs of groups whose candidates the
+        rounds will not weigh (``weighed`` false: only request ids, or only parents a
+        profile matched): their parent groups' sorted requests and their candidate links
+        other than by request id or to such parents. Called between the first estimates
+        and the first round, when nothing else holds them; anything needed again is
+        built again the same (a direct-traffic capture's first estimates of pairs of
+        busy servers are most of the linker's memory)."""
+        kept = {pair[0] for pair in self.pair_info if weighed(pair)}
+        for sub_key in [k for k in self._subsets if k[0] not in kept]:
+            del self._subsets[sub_key]
+        for edge_key in [k for k, e in self._edges.items()
+                         if e is not None and not e.rid and not e.declared
+                         and not weighed((e.pgroup, e.cgroup))]:
+            del self._edges[edge_key]
 
     def _children_of_pairs(self) -> dict[tuple[Any, Any], list[Node]]:
         """Per pair of groups, the children that may have a candidate in it."""
@@ -2159,6 +2179,11 @@ class _Modes:
         """Links declared, by id, or of viable pairs."""
         return "all" if pair in self.viable or self.linker.pair_info[pair][0] else "trusted"
 
+    def weighs(self, pair: tuple[Any, Any]) -> bool:
+        """The rounds may weigh every candidate of the pair (:meth:`refined` is ``all``,
+        and the pair is not hopeless)."""
+        return not self.linker.pair_info[pair][1] and self.refined(pair) == "all"
+
     def final_mode(self, pair: tuple[Any, Any]) -> str:
         """Links by id, or of pairs that stand."""
         return self.refined(pair) if pair in self.keep else "rid"
@@ -2218,6 +2243,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     # function's frame would form a reference cycle holding every link candidate until
     # the collector ran (48,000 objects, 44 MiB at 1M packets)
     modes = _Modes(linker, viable)
+    linker.forget_unweighed(modes.weighs)
     first, _edges = linker.assign(estimates, modes.refined, by_kind=False)
     stats = _keep_anchors(_pair_stats(first), estimates)
     first.clear()  # the first round's links: read, not kept
@@ -2268,7 +2294,7 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     return Chains(nodes, _proxy_evidence(nodes, second, linker.considered),
                   {"children": sum(1 for n in linker.nodes if linker.pairs_of.get(
                       n.group)),
-                   "pairs_costed": len(linker._edges),
+                   "pairs_costed": linker.built,
                    "pairs_stepped_over": linker.stepped + linker.walked(),
                    "links_weighed": linker.weighed})
 

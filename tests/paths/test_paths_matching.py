@@ -227,3 +227,39 @@ def test_overlap_prefilter_changes_no_link(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(chains_mod._Linker, "_overlapping_groups", every_pair)
     conns_again, _ = simulate(params)
     assert _links(attribute(conns_again, None)) == filtered
+
+
+@needs_pure_core
+@pytest.mark.parametrize(("concurrency", "source", "direct", "ids"), [
+    (16, "loopback", 200, False), (64, "own", 300, False), (32, "loopback", 150, True)])
+def test_forgetting_unweighed_pairs_changes_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                   concurrency: int, source: str,
+                                                   direct: int, ids: bool) -> None:
+    """Dropping, after the first estimates, what they built for pairs the rounds will not
+    weigh gives exactly the links, labels, candidate counts and evidence of keeping it."""
+    from netdiag.paths import chains as chains_mod
+
+    params = SimParams(requests=200, concurrency=concurrency, source=source,
+                       upstream="http1", direct=direct, request_ids=ids,
+                       seed=concurrency + direct)
+    real = chains_mod._Linker.forget_unweighed
+    dropped = {"edges": 0, "subsets": 0}
+
+    def counting(self, weighed):  # type: ignore[no-untyped-def]
+        edges, subsets = len(self._edges), len(self._subsets)
+        real(self, weighed)
+        dropped["edges"] += edges - len(self._edges)
+        dropped["subsets"] += subsets - len(self._subsets)
+
+    def outcome() -> tuple[object, ...]:
+        conns, _ = simulate(params)
+        chains = attribute(conns, None)
+        return (_links(chains), sorted((n.label, n.candidates) for n in chains.nodes.values()),
+                [(c.id, c.path) for c in conns],
+                sorted((s, ev.sentence, ev.is_proxy) for s, ev in chains.proxies.items()))
+
+    monkeypatch.setattr(chains_mod._Linker, "forget_unweighed", counting)
+    forgetting = outcome()
+    assert dropped["edges"] > 0 and dropped["subsets"] > 0  # something was forgotten
+    monkeypatch.setattr(chains_mod._Linker, "forget_unweighed", lambda self, weighed: None)
+    assert outcome() == forgetting
