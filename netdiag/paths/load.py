@@ -40,7 +40,7 @@ from netdiag.analysis.knee import Declined, Knee, find_knee, level_change
 from netdiag.analysis.stats import percentiles
 from netdiag.paths.budget import PathBudget
 from netdiag.paths.profile import Profile, split_endpoint
-from netdiag.records import NS_PER_MS, Connection, DnsTransaction, Finding
+from netdiag.records import NS_PER_MS, Connection, DnsTransaction, Finding, Request
 
 INTERVAL_CHOICES_MS = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000,
                        120_000, 300_000, 600_000, 900_000, 1_800_000, 3_600_000, 86_400_000)
@@ -80,18 +80,19 @@ def format_interval(ns: int) -> str:
     return f"{ns / 1e6:g}ms"
 
 
-_Request = tuple[int, int | None, int | None, int, bool, bool, dict[str, int] | str | None]
-"""One client request's row (:attr:`_Rows.requests`)."""
-
-
 @dataclass
 class _Rows:
     """One path's rows."""
 
-    requests: list[_Request] = field(default_factory=list)
-    """(ts, first byte, last byte, body bytes, opened its connection, estimated, own
-    time per hop) per client request, in ns (the own times as
-    :attr:`~netdiag.paths.budget.PathBudget.root_own` has them: a hop's name alone stands
+    requests: list[Request] = field(default_factory=list)
+    """The path's client requests: their times, body bytes and estimated flag are read
+    from the records themselves at binning, not copied (a row of copied integers cost
+    about 200 bytes a request)."""
+    opened: list[bool] = field(default_factory=list)
+    """Per request: the first of its connection."""
+    own: list[dict[str, int] | str | None] = field(default_factory=list)
+    """Per request: its own time per hop (ns), as
+    :attr:`~netdiag.paths.budget.PathBudget.root_own` has them (a hop's name alone stands
     for the whole time to first byte at that hop)."""
     connections: list[int] = field(default_factory=list)
     """First-packet times of the path's client connections."""
@@ -130,9 +131,18 @@ class LoadBuilder:
     def request(self, path: str | None, ts_ns: int, first_ns: int | None, last_ns: int | None,
                 nbytes: int, opened: bool, estimated: bool,
                 hop_own: dict[str, int] | str | None = None) -> None:
-        """A client request of ``path``."""
-        self._of(path).requests.append((ts_ns, first_ns, last_ns, nbytes, opened, estimated,
-                                        hop_own))
+        """A client request of ``path``, from its figures (body bytes in all)."""
+        self.request_of(path, Request(ts_ns=ts_ns, first_byte_ns=first_ns, last_byte_ns=last_ns,
+                                      response_bytes=nbytes, estimated=estimated),
+                        opened, hop_own)
+
+    def request_of(self, path: str | None, req: Request, opened: bool,
+                   hop_own: dict[str, int] | str | None = None) -> None:
+        """A client request of ``path``, the record itself (kept, not copied)."""
+        rows = self._of(path)
+        rows.requests.append(req)
+        rows.opened.append(opened)
+        rows.own.append(hop_own)
 
     def connection(self, path: str | None, ts_ns: int) -> None:
         """A new client connection of ``path``."""
@@ -159,8 +169,9 @@ class LoadBuilder:
                     lo = a if lo is None else min(lo, a)
                     hi = b if hi is None else max(hi, b)
             for r in rows.requests:
-                lo = r[0] if lo is None else min(lo, r[0])
-                hi = r[0] if hi is None else max(hi, r[0])
+                ts = r.ts_ns
+                lo = ts if lo is None else min(lo, ts)
+                hi = ts if hi is None else max(hi, ts)
         return None if lo is None or hi is None else (lo, hi)
 
     def build(self, interval_ns: int | None = None, *, seed: int = 0) -> Load:
@@ -222,7 +233,7 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
     requests = rows.requests
     by_bin: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
-        bi = (r[0] - origin) // interval_ns
+        bi = (r.ts_ns - origin) // interval_ns
         idx = by_bin.get(bi)
         if idx is None:
             by_bin[bi] = [i]
@@ -243,8 +254,10 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
     is_sparse = hi - lo + 1 > SPARSE_FACTOR * len(active) + 8
     bins = sorted(active) if is_sparse else list(range(lo, hi + 1))
     in_flight = _in_flight_max(requests, bins, origin, interval_ns)
-    hop_names = sorted({h for r in requests if r[6]
-                        for h in ((r[6],) if isinstance(r[6], str) else r[6])})
+    owns = rows.own
+    opened = rows.opened
+    hop_names = sorted({h for own in owns if own
+                        for h in ((own,) if isinstance(own, str) else own)})
     seconds = interval_ns / 1e9
     series = []
     no_requests: list[int] = []
@@ -257,12 +270,13 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
         estimated = False
         for i in idx:
             r = requests[i]
-            ttfb.append(None if r[1] is None else (r[1] - r[0]) / NS_PER_MS)
-            ttlb.append(None if r[2] is None else (r[2] - r[0]) / NS_PER_MS)
-            if not r[4]:
+            ts, fb, lb = r.ts_ns, r.first_byte_ns, r.last_byte_ns
+            ttfb.append(None if fb is None else (fb - ts) / NS_PER_MS)
+            ttlb.append(None if lb is None else (lb - ts) / NS_PER_MS)
+            if not opened[i]:
                 reused += 1
-            nbytes += r[3]
-            if r[5]:
+            nbytes += (r.request_bytes or 0) + (r.response_bytes or 0)
+            if r.estimated:
                 estimated = True
         entry: dict[str, Any] = {
             "start_ts": (origin + bi * interval_ns) / 1e9,
@@ -279,33 +293,33 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
             "estimated": estimated,
         }
         if hop_names:
-            reqs = [requests[i] for i in idx]
             entry["hops"] = {h: {"own_ms": percentiles([
-                v / NS_PER_MS for r in reqs if (v := _own_ns(r, h)) is not None])}
-                for h in hop_names}
+                v / NS_PER_MS for i in idx
+                if (v := _own_ns(requests[i], owns[i], h)) is not None])} for h in hop_names}
         series.append(entry)
     return series, is_sparse
 
 
-def _own_ns(r: _Request, hop: str) -> int | None:
-    """The request's own time at ``hop`` (ns), None where it has none there."""
-    own = r[6]
+def _own_ns(r: Request, own: dict[str, int] | str | None, hop: str) -> int | None:
+    """The request's own time at ``hop`` (ns) from its own times ``own``, None where it
+    has none there."""
     if own is None:
         return None
     if isinstance(own, str):  # its one hop: the whole time to first byte
-        fb = r[1]
-        return None if own != hop or fb is None else fb - r[0]
+        fb = r.first_byte_ns
+        return None if own != hop or fb is None else fb - r.ts_ns
     return own.get(hop)
 
 
-def _in_flight_max(requests: Sequence[_Request],
+def _in_flight_max(requests: Sequence[Request],
                    bins: list[int], origin: int, interval_ns: int) -> list[int]:
     """Per listed interval, the most requests open at once within it (a sweep: ends
     before starts at the same instant)."""
     # one integer per event, 2 * time + 1 for a start and 2 * time for an end: sorted,
     # an instant's ends come before its starts
-    events = sorted([2 * r[0] + 1 for r in requests]
-                    + [2 * max(r[0], r[2] or r[1] or r[0]) for r in requests])
+    events = sorted([2 * r.ts_ns + 1 for r in requests]
+                    + [2 * max(r.ts_ns, r.last_byte_ns or r.first_byte_ns or r.ts_ns)
+                       for r in requests])
     out = []
     cur = 0
     j = 0
@@ -426,10 +440,7 @@ def load_of_paths(connections: Sequence[Connection], dns_records: Sequence[DnsTr
     for name in sorted(budgets):
         b = budgets[name]
         for root, own in zip(b.roots, b.root_own, strict=True):
-            r = root.req
-            lb.request(name, r.ts_ns, r.first_byte_ns, r.last_byte_ns,
-                       (r.request_bytes or 0) + (r.response_bytes or 0), root.index == 0,
-                       r.estimated, own)
+            lb.request_of(name, root.req, root.index == 0, own)
         ips = set()
         for cid in b.client_connections:
             c = by_id.get(cid)
@@ -446,9 +457,7 @@ def load_of_paths(connections: Sequence[Connection], dns_records: Sequence[DnsTr
             lb.retransmissions(path_name, c.retransmission_ns)
         if path_name is None:
             for k, r in enumerate(c.requests):
-                lb.request(None, r.ts_ns, r.first_byte_ns, r.last_byte_ns,
-                           (r.request_bytes or 0) + (r.response_bytes or 0), k == 0,
-                           r.estimated)
+                lb.request_of(None, r, k == 0)
             if c.requests:
                 lb.connection(None, c.ts_ns)
     for i, t in enumerate(dns_records):
