@@ -662,11 +662,18 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
         base[i] = r
         at[r] = i
     places: list[list[int]] = [base]
+    seen: list[list[int]] = []  # the anchors of each order so far (by start: none)
     for v in range(1, 4):
         end, child = bool(v & 1), bool(v & 2)
         anchors = [_anchor_ns(nd, end, child) for nd in nodes]
         if all(a == nd.ts_ns for a, nd in zip(anchors, nodes, strict=True)):
             places.append(base)  # every anchor is the start: the order by start
+            seen.append(anchors)
+            continue
+        same = next((k for k, other in enumerate(seen) if other == anchors), None)
+        seen.append(anchors)
+        if same is not None:  # the anchors of an earlier order (a child's first byte)
+            places.append(places[same + 1])
             continue
         low = min(anchors)
         keys = sorted([(a - low) * n + base[i] for i, a in enumerate(anchors)])
