@@ -357,10 +357,12 @@ def test_unreachable_scheduler(rotated: tuple[Path, Path, list[Path]]) -> None:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Enough work that a task runs for seconds: 10k connections in 4 ring files."""
+    """Enough work that a task outlasts the tests' polling by far: 30k connections in 4
+    ring files (a task takes about half a second on an idle machine; 10k made it 0.15 s
+    once the scan got faster, and a worker was sometimes killed after its task)."""
     d = tmp_path_factory.mktemp("big")
     whole = d / "whole.pcap"
-    gen.write_mixed(whole, 10_000, seed=5)
+    gen.write_mixed(whole, 30_000, seed=5)
     fc.split_pcap(whole, fc.ring_names(d / "caps" / "host-z", "ring", 4, ".pcap"))
     whole.unlink()
     return d / "caps"
@@ -396,7 +398,7 @@ def test_a_worker_killed_mid_task(dask_cluster: Any, big: Path) -> None:
     proc = _start([str(big), "--format", "json", "--executor", "dask", "--scheduler",
                    str(dask_cluster.scheduler_file), "--jobs", "2"])
     victim = _wait_busy(dask_cluster.client, proc)
-    time.sleep(0.5)  # well inside the task (it takes seconds)
+    time.sleep(0.05)  # inside the task (it takes about 0.5 s)
     assert _netdiag_tasks(dask_cluster.client).get(victim), "the task ended too soon"
     os.kill(pids[victim], signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
