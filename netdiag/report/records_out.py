@@ -48,19 +48,22 @@ class CollectingSink:
 
     def document(self, result: Result, headers: bool = False, lazy: bool = False) -> Document:
         """The contract's single JSON object (``headers``: decoded HTTP headers too;
-        ``lazy``: its connections as :class:`~netdiag.report.json_out.Records`, each
-        made into a dict only as :func:`~netdiag.report.json_out.write_json` writes it)."""
+        ``lazy``: its connections and DNS transactions as
+        :class:`~netdiag.report.json_out.Records`, each made into a dict only as
+        :func:`~netdiag.report.json_out.write_json` writes it)."""
         self.dns_records.sort(key=lambda t: (t.ts_ns, t.id))
         self.connections.sort(key=_conn_order)
         connections: Any = (
             Records(self.connections, lambda c: c.to_json(headers=headers)) if lazy
             else [c.to_json(headers=headers) for c in self.connections])
+        dns: Any = (Records(self.dns_records, lambda t: t.to_json()) if lazy
+                    else [t.to_json() for t in self.dns_records])
         return {
             "contract": CONTRACT_VERSION,
             "netdiag_version": __version__,
             "capture": result.capture.to_json(),
             "summary": result.summary_json(),
-            "dns": [t.to_json() for t in self.dns_records],
+            "dns": dns,
             "connections": connections,
             "findings": [f.to_json() for f in result.findings],
         }
