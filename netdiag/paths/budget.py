@@ -623,6 +623,7 @@ def _pooled(name: str, parts: Sequence[PathBudget]) -> PathBudget:
     out = PathBudget(name, inferred=True)
     for b in parts:
         out.roots.extend(b.roots)
+        out.root_own.extend(b.root_own)
         out.client_connections.extend(b.client_connections)
         for k in ("ttfb", "ttlb", "transfer", "dns", "tcp", "tls", "quic", "think"):
             getattr(out, k).extend(getattr(b, k))

@@ -1103,17 +1103,33 @@ class _PairCount:
         self.hopeless = False
 
 
+_NEAR: Final = 8
+"""Parents :func:`_holds_other` tries one by one before it bisects for the oldest that
+can hold the child."""
+
+
 def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
     """A request of the parent group, on another connection to another server, whose
     window holds ``[u_ts, u_end]`` (the newest :data:`MAX_SCAN` that began by
     ``u_ts``; walked by :func:`_next_ending` without a generator: this runs per child
     and parent group)."""
     starts, ends, block_ends, lst = pc.starts, pc.ends, pc.block_ends, pc.lst
-    lo = bisect_left(starts, u_end - pc.longest)
     hi = bisect_right(starts, u_ts)
-    stop = max(lo, hi - MAX_SCAN)
     server = uc.server
-    k = _next_ending(ends, block_ends, hi - 1, stop, u_end)
+    # the newest few first, before the lower bound is looked up: a window that holds the
+    # child ends at u_end or later, so it began at u_end - longest or later (at lo or
+    # above) whatever lo is; in busy traffic the newest parent usually holds it
+    k = hi - 1
+    near = max(hi - _NEAR, 0)
+    while k >= near:
+        if ends[k] >= u_end:
+            p = lst[k]
+            if p.conn is not uc and p.server != server:
+                return True
+        k -= 1
+    lo = bisect_left(starts, u_end - pc.longest)
+    stop = max(lo, hi - MAX_SCAN)
+    k = _next_ending(ends, block_ends, near - 1, stop, u_end)
     while k >= stop:
         p = lst[k]
         if p.conn is not uc and p.server != server:
