@@ -1060,11 +1060,10 @@ class _Parents:
     fb_pos: list[int]
     """Positions (in ``lst``) of the requests with a first byte, by first byte."""
     fbs: list[int]
-    by_start: _Order
-    by_fb: _Order
-    """Those with a first byte, by first byte."""
-    no_fb: _Order
-    """Those without a first byte, by start."""
+    orders: tuple[_Order, _Order, _Order] | None = None
+    """:attr:`by_start`, :attr:`by_fb` and :attr:`no_fb` once a walk for the cheapest
+    candidates first needs them (the first estimates do not: the parents of a pair
+    whose timing is chance never need them)."""
 
     @classmethod
     def of(cls, lst: list[Node]) -> _Parents:
@@ -1074,13 +1073,35 @@ class _Parents:
         fb_pos = sorted((k for k, n in enumerate(lst) if n.fb_ns is not None),
                         key=lambda k: (lst[k].fb_ns, k))
         fbs = [lst[k].fb_ns or 0 for k in fb_pos]
-        nofb_pos = [k for k, n in enumerate(lst) if n.fb_ns is None]
-        return cls(lst, starts, ends, longest, fb_pos, fbs,
-                   _Order.of(starts, None, ends, None),
-                   _Order.of(fbs, fb_pos, [ends[k] for k in fb_pos],
-                             [starts[k] for k in fb_pos]),
-                   _Order.of([starts[k] for k in nofb_pos], nofb_pos,
-                             [ends[k] for k in nofb_pos], None))
+        return cls(lst, starts, ends, longest, fb_pos, fbs)
+
+    def _orders(self) -> tuple[_Order, _Order, _Order]:
+        got = self.orders
+        if got is None:
+            lst, starts, ends, fb_pos = self.lst, self.starts, self.ends, self.fb_pos
+            nofb_pos = [k for k, n in enumerate(lst) if n.fb_ns is None]
+            got = self.orders = (
+                _Order.of(starts, None, ends, None),
+                _Order.of(self.fbs, fb_pos, [ends[k] for k in fb_pos],
+                          [starts[k] for k in fb_pos]),
+                _Order.of([starts[k] for k in nofb_pos], nofb_pos,
+                          [ends[k] for k in nofb_pos], None))
+        return got
+
+    @property
+    def by_start(self) -> _Order:
+        """All of them, by start."""
+        return self._orders()[0]
+
+    @property
+    def by_fb(self) -> _Order:
+        """Those with a first byte, by first byte."""
+        return self._orders()[1]
+
+    @property
+    def no_fb(self) -> _Order:
+        """Those without a first byte, by start."""
+        return self._orders()[2]
 
 
 class _PairCount:
@@ -1833,8 +1854,7 @@ class _Linker:
 
     def walked(self) -> int:
         """Steps of the walks for the cheapest candidates over blocks of parents."""
-        return sum(o.steps for sub in self._subsets.values()
-                   for o in (sub.by_start, sub.by_fb, sub.no_fb))
+        return sum(o.steps for sub in self._subsets.values() for o in sub.orders or ())
 
     def link_of(self, p: Node, u: Node, stats: Mapping[tuple[Any, Any], _PairStats],
                 mode: Callable[[tuple[Any, Any]], str]) -> _Edge | None:
