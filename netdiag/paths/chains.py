@@ -113,6 +113,31 @@ def _block_ends(ends: Sequence[int]) -> list[int]:
     return [max(ends[b:b + _BLOCK]) for b in range(0, len(ends), _BLOCK)]
 
 
+def _at(a: list[int], x: int) -> int:
+    """``bisect_left(a, x)`` on integers, compiled (no call into the ``bisect`` module,
+    no integer objects compared: the linker bisects per child and parent group)."""
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _after(a: list[int], x: int) -> int:
+    """``bisect_right(a, x)`` on integers, compiled (see :func:`_at`)."""
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _next_ending(ends: Sequence[int], block_ends: Sequence[int], k: int, stop: int,
                  end: int) -> int:
     """The largest index from ``k`` down to ``stop`` whose ``ends[k]`` is at least
@@ -1135,7 +1160,7 @@ def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
     ``u_ts``; walked by :func:`_next_ending` without a generator: this runs per child
     and parent group)."""
     starts, ends, block_ends, lst = pc.starts, pc.ends, pc.block_ends, pc.lst
-    hi = bisect_right(starts, u_ts)
+    hi = _after(starts, u_ts)
     server = uc.server
     # the newest few first, before the lower bound is looked up: a window that holds the
     # child ends at u_end or later, so it began at u_end - longest or later (at lo or
@@ -1148,7 +1173,7 @@ def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
             if p.conn is not uc and p.server != server:
                 return True
         k -= 1
-    lo = bisect_left(starts, u_end - pc.longest)
+    lo = _at(starts, u_end - pc.longest)
     stop = max(lo, hi - MAX_SCAN)
     k = _next_ending(ends, block_ends, near - 1, stop, u_end)
     while k >= stop:
@@ -1379,7 +1404,7 @@ class _Linker:
             return got
         out: dict[tuple[Any, ...], list[Node]] = {}
         same, starts, ends, blocks = self._rid_index[urid]
-        top = bisect_right(starts, u.ts_ns)
+        top = _after(starts, u.ts_ns)
         for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
             p = same[k]
             if self._contains(p, u):
@@ -1500,8 +1525,8 @@ class _Linker:
     def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
                        closed: int, pair: tuple[Any, Any], declared: bool) -> _Edge | None:
         u_ts, u_end, server = u.ts_ns, u.end_ns, u.server
-        hi = bisect_right(sub.starts, u_ts)
-        i = _find(nxt, bisect_left(sub.starts, u_end - sub.longest))
+        hi = _after(sub.starts, u_ts)
+        i = _find(nxt, _at(sub.starts, u_end - sub.longest))
         stepped = 0
         while i < hi:
             p = sub.lst[i]
@@ -1524,8 +1549,8 @@ class _Linker:
                      pair: tuple[Any, Any], declared: bool) -> _Edge | None:
         u_ts, u_end, server, u_fb = u.ts_ns, u.end_ns, u.server, u.fb_ns
         assert u_fb is not None
-        top = bisect_right(sub.fbs, u_ts + sub.longest)
-        j = _find(nxt, bisect_left(sub.fbs, u_fb))
+        top = _after(sub.fbs, u_ts + sub.longest)
+        j = _find(nxt, _at(sub.fbs, u_fb))
         stepped = 0
         while j < top:
             k = sub.fb_pos[j]
@@ -1574,7 +1599,7 @@ class _Linker:
                 else:
                     least[i], arg[i] = e_ns, i
             for p in parents:
-                i = bisect_left(kts, p.ts_ns)
+                i = _at(kts, p.ts_ns)
                 w_end = p.window_end_ns
                 if id(p) in marked or i == len(children) or least[i] > w_end:
                     continue
@@ -1703,8 +1728,8 @@ class _Linker:
             return None
         u_ts, u_end = u.ts_ns, u.end_ns
         starts, ends = sub.starts, sub.ends
-        a = bisect_left(starts, u_end - sub.longest)
-        b = bisect_right(starts, u_ts)
+        a = _at(starts, u_end - sub.longest)
+        b = _after(starts, u_ts)
         ks: list[int] = []
         if b - a <= _SCAN_DIRECT:
             for k in range(b - 1, a - 1, -1):
@@ -1764,8 +1789,8 @@ class _Linker:
 
         def by_start(order: _Order, typical_ns: float) -> None:
             keys = order.keys
-            a = bisect_left(keys, earliest)
-            b = bisect_right(keys, u_ts)
+            a = _at(keys, earliest)
+            b = _after(keys, u_ts)
             # sent at the SYN, as the parents that began before it see it (_edge)
             if syn is not None:
                 k = max(a, min(b, bisect_right(keys, syn, a, b)))
@@ -1780,11 +1805,11 @@ class _Linker:
         if st is None:  # base + the smaller of the start offset and a positive end offset
             by_start(sub.by_start, 0.0)
             if u_fb is not None:
-                walk(sub.by_fb, bisect_left(fbs, u_fb), bisect_right(fbs, u_ts + sub.longest),
+                walk(sub.by_fb, _at(fbs, u_fb), _after(fbs, u_ts + sub.longest),
                      float(u_fb))
             seen = set()
         elif st.anchor_is_end and u_fb is not None and st.med_eo is not None:
-            walk(sub.by_fb, bisect_left(fbs, earliest), bisect_right(fbs, u_ts + sub.longest),
+            walk(sub.by_fb, _at(fbs, earliest), _after(fbs, u_ts + sub.longest),
                  u_fb + st.med_eo * 1e6)
             by_start(sub.no_fb, st.med_so * 1e6)
         else:
@@ -1936,7 +1961,7 @@ class _Linker:
                     span[1] = u.end_ns
         found: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for cg, (last_start, first_end) in spans.items():
-            hi = bisect_right(starts, last_start)
+            hi = _after(starts, last_start)
             pgs = [order[k] for k in _ending_after(ends, blocks, hi, 0, first_end)]
             pgs.sort(key=place.__getitem__)
             found[cg] = pgs
