@@ -45,7 +45,7 @@ from netdiag.analysis.stats import (
 )
 from netdiag.paths.chains import Chains, Node, is_resp
 from netdiag.paths.profile import Profile, split_endpoint
-from netdiag.records import Connection, DnsTransaction
+from netdiag.records import Connection, DnsTransaction, Request
 
 RESAMPLES = BOOTSTRAP_RESAMPLES
 """Bootstrap resamples per comparison."""
@@ -340,19 +340,33 @@ chains must reach."""
 def _hop_names(chains: Chains, root: Node, path: str) -> list[str]:
     out = []
     for st in chains.steps(root):
-        hop = st.hop or "?"
-        if st.path is not None and st.path != path:
-            hop = f"{st.path}.{hop}"
-        out.append(hop)
+        out.append(_hop_label(st.node.conn.path, path))
     return out
 
 
-def own_times(own: dict[str, int] | str | None, root: Node) -> dict[str, int] | None:
-    """A :attr:`PathBudget.root_own` entry of ``root`` as a map of hop to own time (ns)."""
+def _hop_label(conn_path: dict[str, Any] | None, name: str) -> str:
+    """A step's hop as the budget of path ``name`` names it: the hop of its connection's
+    path, prefixed with that path where it is another one; ``?`` on no path."""
+    hop = (None if conn_path is None else conn_path.get("hop")) or "?"
+    other = None if conn_path is None else conn_path.get("name")
+    return hop if other is None or other == name else f"{other}.{hop}"
+
+
+def own_at(own: dict[str, int] | str | None, req: Request, hop: str) -> int | None:
+    """The own time at ``hop`` (ns) of a :attr:`PathBudget.root_own` entry of the request
+    ``req``; None where it has none there."""
+    if isinstance(own, str):  # a chain of one request: its whole time to first byte
+        fb = req.first_byte_ns
+        return None if own != hop or fb is None else fb - req.ts_ns
+    return None if own is None else own.get(hop)
+
+
+def own_times(own: dict[str, int] | str | None, req: Request) -> dict[str, int] | None:
+    """A :attr:`PathBudget.root_own` entry of the request ``req`` as a map of hop to own
+    time (ns)."""
     if isinstance(own, str):
-        wait = root.wait_ns
-        assert wait is not None
-        return {own: wait}
+        at = own_at(own, req, own)
+        return None if at is None else {own: at}
     return own
 
 
@@ -376,9 +390,7 @@ def _chain_figures(b: PathBudget, chains: Chains, root: Node, complete: bool
     think: int | None = None
     for st in chains.steps(root):
         n = st.node
-        hop = st.hop or "?"
-        if st.path is not None and st.path != b.name:
-            hop = f"{st.path}.{hop}"
+        hop = _hop_label(n.conn.path, b.name)
         hb = b.hop(hop)
         hb.depth = st.depth if hb.depth is None else min(hb.depth, st.depth)
         if n.parent is not None:
@@ -421,11 +433,7 @@ def _lone_figures(b: PathBudget, root: Node, complete: bool) -> str | None:
     direct traffic): its one step at depth 0, in the time to first byte, whose own time
     is its whole wait; no caller, no split, no setup, and no step objects built. Its
     figures in milliseconds are one float, shared by the lists it goes into."""
-    p = root.conn.path
-    hop = (None if p is None else p.get("hop")) or "?"
-    path = None if p is None else p.get("name")
-    if path is not None and path != b.name:
-        hop = f"{path}.{hop}"
+    hop = _hop_label(root.conn.path, b.name)
     hb = b.hop(hop)
     hb.depth = 0
     wait = root.wait_ns

@@ -38,7 +38,7 @@ from typing import Any
 
 from netdiag.analysis.knee import Declined, Knee, find_knee, level_change
 from netdiag.analysis.stats import percentiles
-from netdiag.paths.budget import PathBudget
+from netdiag.paths.budget import PathBudget, own_at
 from netdiag.paths.profile import Profile, split_endpoint
 from netdiag.records import NS_PER_MS, Connection, DnsTransaction, Finding, Request
 
@@ -295,20 +295,9 @@ def _bin(rows: _Rows, origin: int, interval_ns: int) -> tuple[list[dict[str, Any
         if hop_names:
             entry["hops"] = {h: {"own_ms": percentiles([
                 v / NS_PER_MS for i in idx
-                if (v := _own_ns(requests[i], owns[i], h)) is not None])} for h in hop_names}
+                if (v := own_at(owns[i], requests[i], h)) is not None])} for h in hop_names}
         series.append(entry)
     return series, is_sparse
-
-
-def _own_ns(r: Request, own: dict[str, int] | str | None, hop: str) -> int | None:
-    """The request's own time at ``hop`` (ns) from its own times ``own``, None where it
-    has none there."""
-    if own is None:
-        return None
-    if isinstance(own, str):  # its one hop: the whole time to first byte
-        fb = r.first_byte_ns
-        return None if own != hop or fb is None else fb - r.ts_ns
-    return own.get(hop)
 
 
 def _in_flight_max(requests: Sequence[Request],

@@ -234,7 +234,7 @@ def test_lone_requests_take_the_same_figures_as_a_walked_chain(with_profile: boo
                 fresh = PathBudget(b.name, b.inferred, origin_hop=root.conn.path["hop"])
                 own = (_chain_figures(fresh, a.chains, root, complete) if walked
                        else _lone_figures(fresh, root, complete))
-                got.append({"json": fresh.to_json(), "own": own_times(own, root),
+                got.append({"json": fresh.to_json(), "own": own_times(own, root.req),
                             "think": fresh.think,
                             "depth": {h.name: h.depth for h in fresh.hops.values()}})
             assert got[0] == got[1]
