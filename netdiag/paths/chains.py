@@ -198,6 +198,10 @@ _NO_EDGE = object()
 _NO_CHILDREN: Final[list[Node]] = []
 """The children of every node that caused none (:attr:`Node.children`; never written
 to)."""
+_SLOT_BITS: Final = 32
+"""A child's number takes the low bits of a :meth:`_Linker.slot`, its parent group's (or
+a subset's) number the bits above: a report holds far fewer than 2**32 requests."""
+_SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
 _NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
 """What :meth:`_Linker._same_rid` gives a child without an equal request id (never
 written to)."""
@@ -1085,20 +1089,22 @@ class _Parents:
     fb_pos: list[int]
     """Positions (in ``lst``) of the requests with a first byte, by first byte."""
     fbs: list[int]
+    num: int = 0
+    """The subset's number in its linker (the keys of :meth:`_Linker._every`)."""
     orders: tuple[_Order, _Order, _Order] | None = None
     """:attr:`by_start`, :attr:`by_fb` and :attr:`no_fb` once a walk for the cheapest
     candidates first needs them (the first estimates do not: the parents of a pair
     whose timing is chance never need them)."""
 
     @classmethod
-    def of(cls, lst: list[Node]) -> _Parents:
+    def of(cls, lst: list[Node], num: int = 0) -> _Parents:
         starts = [n.ts_ns for n in lst]
         ends = [n.window_end_ns for n in lst]
         longest = max((e - s for s, e in zip(starts, ends, strict=True)), default=0)
         fb_pos = sorted((k for k, n in enumerate(lst) if n.fb_ns is not None),
                         key=lambda k: (lst[k].fb_ns, k))
         fbs = [lst[k].fb_ns or 0 for k in fb_pos]
-        return cls(lst, starts, ends, longest, fb_pos, fbs)
+        return cls(lst, starts, ends, longest, fb_pos, fbs, num)
 
     def _orders(self) -> tuple[_Order, _Order, _Order]:
         got = self.orders
@@ -1237,40 +1243,46 @@ class _Linker:
         """Server addresses per group."""
         self.considered: set[tuple[Any, Any]] = set()
         """Pairs of groups that passed the pair tests (before the proxy share test)."""
-        self.pairs_of: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], bool, bool]]] = {}
-        """Per child group, its parent groups: (group, declared, hopeless)."""
+        self.pairs_of: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], bool, bool, int]]] = {}
+        """Per child group, its parent groups: (group, declared, hopeless, the parent
+        group's slot: :meth:`slot` less the child's number)."""
         self.pair_info: dict[tuple[Any, Any], tuple[bool, bool]] = {}
         """Per pair of groups that may link: (declared by the hop order, hopeless)."""
         self.declared_pairs: set[tuple[Any, Any]] = set()
         """Pairs with a declared candidate (the hop order, or a parent a profile
         matched)."""
-        self.left_out: dict[tuple[int, tuple[Any, ...]], tuple[float, int, bool, float]] = {}
-        """Per child and parent group, of the last round: (lower bound of the cost of
+        self.left_out: dict[int, tuple[float, int, bool, float]] = {}
+        """Per child and parent group (:meth:`slot`), of the last round: (lower bound of the cost of
         the candidates it left out, candidates costed, all of them, where the dearer
         half of those kept begins: read only where not all, and for a child whose
         candidates were all kept, left from the round that first found them)."""
-        self.cap: dict[tuple[int, tuple[Any, ...]], int] = {}
-        """Per child and parent group, its cap where doubled (:meth:`assign`)."""
-        self.capped: set[tuple[int, tuple[Any, ...]]] = set()
-        """Children (and parent groups) the cap may have decided in the last round."""
-        self._node: dict[int, Node] | None = None
-        """The nodes by ``id``, built when the assignment first needs them (:meth:`_by_id`):
-        most captures never widen a child's cap."""
+        self.cap: dict[int, int] = {}
+        """Per child and parent group (:meth:`slot`), its cap where doubled
+        (:meth:`assign`)."""
+        self.capped: set[int] = set()
+        """Children and parent groups (:meth:`slot`) the cap may have decided in the last
+        round."""
+        self._group_slot: dict[tuple[Any, ...], int] = {}
+        self._slot_group: list[tuple[Any, ...]] = []
+        """The groups by number (:meth:`slot`)."""
         self.stepped = 0
         self.weighed = 0
         self._groups: dict[tuple[Any, ...], list[Node]] = {}
         self._subsets: dict[tuple[Any, ...], _Parents] = {}
         self._rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
         self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
+        """:meth:`_same_rid` by child number."""
         self._edges: dict[int, _Edge | None] = {}
         """Candidate links built, by ``parent.num * len(nodes) + child.num``."""
         self.built = 0
         """Candidate links built (one dropped by :meth:`forget_unweighed` and needed
         again counts twice)."""
-        self._every_cache: dict[tuple[int, int], int] = {}
-        """Per child and subset of parents, a cap its containing parents exceed."""
-        self._kept: dict[tuple[int, tuple[Any, ...]],
-                         tuple[str, list[_Edge], list[_Edge] | None]] = {}
+        self._every_cache: dict[int, int] = {}
+        """Per child and subset of parents (the subset's number, shifted, or the child's),
+        a cap its containing parents exceed."""
+        self._subsets_made = 0
+        self._kept: dict[int, tuple[str, list[_Edge], list[_Edge] | None]] = {}
+        """Per child and parent group (:meth:`slot`), the links a round kept and how."""
         # one tuple per distinct group and kind, shared by the nodes (dictionary keys
         # then compare by identity first)
         shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -1278,16 +1290,22 @@ class _Linker:
             n.num = num
             g = self._group_of(n)
             n.group = shared.setdefault(g, g)
+            if n.group not in self._group_slot:
+                self._group_slot[n.group] = len(self._slot_group) << _SLOT_BITS
+                self._slot_group.append(n.group)
             k = self._kind_of(n)
             n.kind = shared.setdefault(k, k)
             n.rid = request_id(n.req)
             n.resp = is_resp(n.conn, n.req)
 
-    def _by_id(self, ident: int) -> Node:
-        """The node whose ``id`` is ``ident``."""
-        if self._node is None:
-            self._node = {id(n): n for n in self.nodes}
-        return self._node[ident]
+    def slot(self, u: Node, pg: tuple[Any, ...]) -> int:
+        """The integer that stands for child ``u`` and parent group ``pg`` in the maps of
+        the assignment (an int, not a tuple: hashed and compared without allocating)."""
+        return self._group_slot[pg] | u.num
+
+    def _of_slot(self, key: int) -> tuple[Node, tuple[Any, ...]]:
+        """The child and parent group of a :meth:`slot`."""
+        return self.nodes[key & _SLOT_MASK], self._slot_group[key >> _SLOT_BITS]
 
     @staticmethod
     def _group_of(n: Node) -> tuple[Any, ...]:
@@ -1374,8 +1392,9 @@ class _Linker:
                               for ok, declared in (self._allowed(pg, cg),) if ok]
         hopeless = self._hopeless_pairs(parents_of)
         for cg, parents in parents_of.items():
-            self.pairs_of[cg] = [(e[0], e[1], (e[0], cg) in hopeless) for e in parents]
-            for pg, declared, dead in self.pairs_of[cg]:
+            self.pairs_of[cg] = [(e[0], e[1], (e[0], cg) in hopeless, self._group_slot[e[0]])
+                                 for e in parents]
+            for pg, declared, dead, _slot in self.pairs_of[cg]:
                 self.pair_info[(pg, cg)] = (declared, dead)
 
     def _subset(self, pg: tuple[Any, ...], trusted_only: bool, without_id: bool) -> _Parents:
@@ -1388,7 +1407,8 @@ class _Linker:
             lst = [n for n in self._groups.get(pg, ())
                    if (not trusted_only or n.conn_id in self.trusted)
                    and (not without_id or n.rid is None)]
-            sub = self._subsets[key] = _Parents.of(lst)
+            sub = self._subsets[key] = _Parents.of(lst, self._subsets_made)
+            self._subsets_made += 1
         return sub
 
     def _same_rid(self, u: Node) -> dict[tuple[Any, ...], list[Node]]:
@@ -1399,7 +1419,7 @@ class _Linker:
         urid = u.rid
         if urid is None or urid not in self._rid_index:
             return _NO_SAME
-        got = self._same.get(id(u))
+        got = self._same.get(u.num)
         if got is not None:
             return got
         out: dict[tuple[Any, ...], list[Node]] = {}
@@ -1411,7 +1431,7 @@ class _Linker:
                 out.setdefault(p.group, []).append(p)
         for lst in out.values():
             lst.reverse()
-        self._same[id(u)] = out
+        self._same[u.num] = out
         return out
 
     def _edge_of(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
@@ -1446,7 +1466,7 @@ class _Linker:
         for u in self.nodes:
             cg = u.group
             urid = u.rid
-            for pg, _declared, hopeless in self.pairs_of.get(cg, ()):
+            for pg, _declared, hopeless, _slot in self.pairs_of.get(cg, ()):
                 if hopeless and (urid is None or pg not in self._same_rid(u)):
                     continue
                 out[(pg, cg)].append(u)
@@ -1620,30 +1640,32 @@ class _Linker:
         for it, while some were left out) its cap is doubled and its assignment run
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
-        lists: dict[tuple[int, tuple[Any, ...]], list[_Edge]] = {}
+        lists: dict[int, list[_Edge]] = {}
         pairs_of = self.pairs_of
         for u in self.nodes:
             pairs = pairs_of.get(u.group)
             if not pairs:
                 continue
             no_id = u.rid is None
-            for pg, declared, hopeless in pairs:
+            num = u.num
+            for pg, declared, hopeless, slot in pairs:
                 if hopeless and no_id:  # no link to weigh (:meth:`_links`)
                     continue
-                kept = self._links(u, pg, declared, hopeless, stats, mode)
+                key = slot | num
+                kept = self._links(u, pg, key, declared, hopeless, stats, mode)
                 if kept is not None:
-                    lists[(id(u), pg)] = kept
+                    lists[key] = kept
         edges = [e for lst in lists.values() for e in lst]
         self.weighed += len(edges)
         matchings = _matching(edges, stats, second, by_kind)
         while True:
-            deep: list[tuple[int, tuple[Any, ...]]] = []
+            deep: list[int] = []
             for key, (_bound, _found, complete, half) in self.left_out.items():
                 if complete:
                     continue
-                u = self._by_id(key[0])
-                gk = (key[1], u.kind if by_kind else u.group)
-                e = matchings.get(gk, {}).get(key[0])
+                u, pg = self._of_slot(key)
+                gk = (pg, u.kind if by_kind else u.group)
+                e = matchings.get(gk, {}).get(id(u))
                 if e is None or (not e.rid and e.cost >= half):
                     deep.append(key)
             self.capped = {k for k in deep if self.cap.get(k, MAX_CANDIDATES)
@@ -1654,20 +1676,20 @@ class _Linker:
             for key in deep:
                 if key in self.capped:
                     continue
-                u = self._by_id(key[0])
+                u, pg = self._of_slot(key)
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
-                declared, hopeless = self.pair_info[(key[1], u.group)]
-                kept = self._links(u, key[1], declared, hopeless, stats, mode)
+                declared, hopeless = self.pair_info[(pg, u.group)]
+                kept = self._links(u, pg, key, declared, hopeless, stats, mode)
                 assert kept is not None
                 self.weighed += len(kept) - len(lists[key])
                 lists[key] = kept
-                redo.add((key[1], u.kind if by_kind else u.group))
+                redo.add((pg, u.kind if by_kind else u.group))
             edges = [e for lst in lists.values() for e in lst]
             matchings.update(_matching(
                 [e for e in edges if (e.pgroup, e.kind if by_kind else e.cgroup) in redo],
                 stats, second, by_kind))
 
-    def _links(self, u: Node, pg: tuple[Any, ...], declared: bool, hopeless: bool,
+    def _links(self, u: Node, pg: tuple[Any, ...], key: int, declared: bool, hopeless: bool,
                stats: Mapping[tuple[Any, Any], _PairStats],
                mode: Callable[[tuple[Any, Any]], str]) -> list[_Edge] | None:
         """The candidate links of one child in one parent group that a round weighs:
@@ -1680,7 +1702,6 @@ class _Linker:
             return None
         cg = u.group
         how = "rid" if hopeless else mode((pg, cg))
-        key = (id(u), pg)
         hit = self._kept.get(key)
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
@@ -1722,7 +1743,7 @@ class _Linker:
         are at most ``cap`` (what :meth:`_cheapest` would return then, whatever the
         statistics: its walks meet them all, and none is left out), else None (the cap a
         count exceeded is kept: a later round does not count again below it)."""
-        ckey = (id(u), id(sub))
+        ckey = (sub.num << _SLOT_BITS) | u.num
         tried = self._every_cache.get(ckey)
         if tried is not None and tried >= cap:
             return None
@@ -1919,7 +1940,7 @@ class _Linker:
             how = "rid" if info[1] else mode((pg, e.cgroup))
             if how == "rid":
                 continue
-            _bound, found, complete, _half = self.left_out[(id(u), pg)]
+            _bound, found, complete, _half = self.left_out[self.slot(u, pg)]
             if complete:
                 out[q] += found
             else:
@@ -2338,8 +2359,8 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         st = stats.get((e.pgroup, e.cgroup))
         end = st is not None and st.anchor_is_end
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
-        left_out = -_INF if (id(u), e.pgroup) in linker.capped else \
-            linker.left_out.get((id(u), e.pgroup), (_INF,))[0]
+        slot = linker.slot(u, e.pgroup)
+        left_out = -_INF if slot in linker.capped else linker.left_out.get(slot, (_INF,))[0]
         u.link = _label(e, weighed, gk, count, left_out, modes.link_of, end,
                         round(jitter * 1e6))
         u.candidates = count
