@@ -50,33 +50,38 @@ def attribute(connections: list[Connection], profile: Profile | None) -> Chains:
     return chains
 
 
-def _role(chains: Chains, conn: Connection, depth: int) -> str:
-    """Hop name for an inferred hop from what its requests do."""
-    nodes = [chains.node(conn.id, i) for i in range(len(conn.requests))]
-    if any(n is not None and n.children for n in nodes) or chains.is_proxy(conn.server):
+def _role(chains: Chains, conn: Connection, nodes: list[Node], depth: int) -> str:
+    """Hop name for an inferred hop from what its requests (``nodes``) do."""
+    if any(n.children for n in nodes) or chains.is_proxy(conn.server):
         return "proxy" if depth <= 1 else f"proxy {depth}"
     if is_resp(conn) or any(r.protocol == "resp" for r in conn.requests):
         return "store"
     return "origin"
 
 
-def _conn_depth(chains: Chains, conn: Connection) -> int:
-    depths = [chains.depth(n) for i in range(len(conn.requests))
-              if (n := chains.node(conn.id, i)) is not None]
-    return min(depths) if depths else 0
+def _conn_nodes(chains: Chains, conn: Connection) -> list[Node]:
+    """The linked requests of ``conn``, in its order."""
+    return [n for i in range(len(conn.requests)) if (n := chains.node(conn.id, i)) is not None]
+
+
+def _conn_depth(chains: Chains, nodes: list[Node]) -> int:
+    """How many hops below the client the shallowest of a connection's requests is."""
+    return min((chains.depth(n) for n in nodes), default=0)
 
 
 def _infer(connections: list[Connection], chains: Chains, profile: Profile | None) -> None:
     unmatched_note = ["no rule of the profile matches"] if profile is not None else []
     by_id = {c.id: c for c in connections}
     with_requests = [c for c in connections if c.requests and c.path is None]
+    nodes_of = [_conn_nodes(chains, c) for c in with_requests]
+    depth_of = [_conn_depth(chains, nodes) for nodes in nodes_of]
     # parents before children: shallowest first
-    with_requests.sort(key=lambda c: (_conn_depth(chains, c), c.ts_ns))
-    for c in with_requests:
-        nodes = [n for i in range(len(c.requests)) if (n := chains.node(c.id, i)) is not None]
+    for k in sorted(range(len(with_requests)),
+                    key=lambda k: (depth_of[k], with_requests[k].ts_ns)):
+        c, nodes = with_requests[k], nodes_of[k]
         parents: list[Node] = [n.parent for n in nodes if n.parent is not None]
         if parents:
-            _infer_child(c, nodes, parents, chains, by_id, unmatched_note)
+            _infer_child(c, nodes, parents, depth_of[k], chains, by_id, unmatched_note)
         else:
             _infer_root(c, nodes, chains, unmatched_note)
     # connections without requests: same client address and server as an attributed one
@@ -96,14 +101,13 @@ def _infer(connections: list[Connection], chains: Chains, profile: Profile | Non
             f"({peer.path['hop']})"], True)
 
 
-def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], chains: Chains,
-                 by_id: dict[str, Connection], note: list[str]) -> None:
+def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], depth: int,
+                 chains: Chains, by_id: dict[str, Connection], note: list[str]) -> None:
     names = Counter(p.conn.path["name"] for p in parents if p.conn.path is not None)
     if not names:
         return
     name, _n = names.most_common(1)[0]
-    depth = _conn_depth(chains, c)
-    hop = _role(chains, c, depth)
+    hop = _role(chains, c, nodes, depth)
     pconns = sorted({p.conn.id for p in parents}, key=lambda i: int(i[1:])
                     if i[1:].isdigit() else 0)
     pconn = by_id[pconns[0]]

@@ -1642,17 +1642,22 @@ class _Linker:
         (:attr:`capped`: its link is ambiguous)."""
         lists: dict[int, list[_Edge]] = {}
         pairs_of = self.pairs_of
+        # how each pair is linked this round, asked once per pair rather than per child
+        hows = {cg: ["rid" if hopeless else mode((pg, cg))
+                     for pg, _declared, hopeless, _slot in pairs]
+                for cg, pairs in pairs_of.items()}
         for u in self.nodes:
             pairs = pairs_of.get(u.group)
             if not pairs:
                 continue
+            how_of = hows[u.group]
             no_id = u.rid is None
             num = u.num
-            for pg, declared, hopeless, slot in pairs:
+            for j, (pg, declared, hopeless, slot) in enumerate(pairs):
                 if hopeless and no_id:  # no link to weigh (:meth:`_links`)
                     continue
                 key = slot | num
-                kept = self._links(u, pg, key, declared, hopeless, stats, mode)
+                kept = self._links(u, pg, key, declared, hopeless, how_of[j], stats)
                 if kept is not None:
                     lists[key] = kept
         edges = [e for lst in lists.values() for e in lst]
@@ -1679,7 +1684,8 @@ class _Linker:
                 u, pg = self._of_slot(key)
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
                 declared, hopeless = self.pair_info[(pg, u.group)]
-                kept = self._links(u, pg, key, declared, hopeless, stats, mode)
+                kept = self._links(u, pg, key, declared, hopeless,
+                                   "rid" if hopeless else mode((pg, u.group)), stats)
                 assert kept is not None
                 self.weighed += len(kept) - len(lists[key])
                 lists[key] = kept
@@ -1690,18 +1696,17 @@ class _Linker:
                 stats, second, by_kind))
 
     def _links(self, u: Node, pg: tuple[Any, ...], key: int, declared: bool, hopeless: bool,
-               stats: Mapping[tuple[Any, Any], _PairStats],
-               mode: Callable[[tuple[Any, Any]], str]) -> list[_Edge] | None:
+               how: str, stats: Mapping[tuple[Any, Any], _PairStats]) -> list[_Edge] | None:
         """The candidate links of one child in one parent group that a round weighs:
         the parents with the child's request id and its cheapest others under ``stats``
         (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
-        pair has none to weigh. ``mode`` per pair of groups: ``all`` its candidates,
-        ``trusted`` only parents a profile matched, ``rid`` only equal request ids."""
+        pair has none to weigh. ``key`` is the child's and group's :meth:`slot`; ``how``
+        the pair's mode this round: ``all`` its candidates, ``trusted`` only parents a
+        profile matched, ``rid`` only equal request ids (``rid`` where hopeless)."""
         urid = u.rid
         if hopeless and urid is None:
             return None
         cg = u.group
-        how = "rid" if hopeless else mode((pg, cg))
         hit = self._kept.get(key)
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
