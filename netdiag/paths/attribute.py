@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from netdiag.paths.chains import Chains, Node, is_resp, link_requests
@@ -103,10 +102,14 @@ def _infer(connections: list[Connection], chains: Chains, profile: Profile | Non
 
 def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], depth: int,
                  chains: Chains, by_id: dict[str, Connection], note: list[str]) -> None:
-    names = Counter(p.conn.path["name"] for p in parents if p.conn.path is not None)
+    names: dict[str, int] = {}  # a plain dict: a Counter per connection cost more here
+    for p in parents:
+        if p.conn.path is not None:
+            k = p.conn.path["name"]
+            names[k] = names.get(k, 0) + 1
     if not names:
         return
-    name, _n = names.most_common(1)[0]
+    name = max(names, key=names.__getitem__)  # the first seen of the most common
     hop = _role(chains, c, nodes, depth)
     pconns = sorted({p.conn.id for p in parents}, key=lambda i: int(i[1:])
                     if i[1:].isdigit() else 0)
@@ -129,8 +132,9 @@ def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], depth: i
     if pev is not None and pev.is_proxy:
         ev.append(pev.sentence)
     if len(names) > 1:
+        others = sorted(names.items(), key=lambda kv: kv[1], reverse=True)[1:]
         ev.append("requests of other paths caused some of its requests too: " +
-                  ", ".join(f"{k} {v}" for k, v in names.most_common()[1:]))
+                  ", ".join(f"{k} {v}" for k, v in others))
     c.path = _path(name, hop, ev, True)
 
 

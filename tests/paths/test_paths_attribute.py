@@ -116,3 +116,24 @@ def test_attribute_replaces_previous_paths() -> None:
     attribute(conns, parse_profile(PROFILE))
     attribute(conns, None)
     assert all(c.path is not None and c.path["inferred"] for c in conns)
+
+
+def test_a_shared_upstream_connection_names_the_other_paths_by_count() -> None:
+    """One pooled upstream connection serves three client-facing proxies (linked by
+    request id): it goes on the path that caused most of its requests, and its evidence
+    names the others, most requests first, then in the order first seen."""
+    edges = {
+        "A": conn("C1", "127.0.0.1:5000", "127.0.0.10:443",
+                  [req(0, 40, rid="a1"), req(100, 140, rid="a2")]),
+        "C": conn("C2", "127.0.0.1:5001", "127.0.0.30:443", [req(200, 240, rid="c1")]),
+        "B": conn("C3", "127.0.0.1:5002", "127.0.0.20:443", [req(300, 340, rid="b1")]),
+    }
+    shared = conn("C4", "127.0.0.50:6000", "127.0.0.60:8080", [
+        req(5, 30, rid="a1"), req(105, 130, rid="a2"), req(205, 230, rid="c1"),
+        req(305, 330, rid="b1")])
+    attribute([*edges.values(), shared], None)
+    assert shared.path is not None
+    assert shared.path["name"] == "via 127.0.0.10:443"
+    assert shared.path["evidence"][-1] == (
+        "requests of other paths caused some of its requests too: "
+        "via 127.0.0.30:443 1, via 127.0.0.20:443 1")
