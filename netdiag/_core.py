@@ -51,6 +51,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.protocols.tls_decrypt",
     "netdiag.analysis.stats",
     "netdiag.analysis.tally",
+    "netdiag.paths.endpoint",
     "netdiag.paths.chains",
     "netdiag.paths.budget",
     "netdiag.protocols.resp",

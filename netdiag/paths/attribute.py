@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from netdiag.paths.chains import Chains, Node, is_resp, link_requests
-from netdiag.paths.profile import Profile, split_endpoint
+from netdiag.paths.endpoint import split_endpoint
+from netdiag.paths.profile import Profile
 from netdiag.records import Connection
 
 

@@ -44,7 +44,8 @@ from netdiag.analysis.stats import (
     percentiles,
 )
 from netdiag.paths.chains import Chains, Node, is_resp
-from netdiag.paths.profile import Profile, split_endpoint
+from netdiag.paths.endpoint import split_endpoint
+from netdiag.paths.profile import Profile
 from netdiag.records import Connection, DnsTransaction, Request
 
 RESAMPLES = BOOTSTRAP_RESAMPLES

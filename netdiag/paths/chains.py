@@ -81,7 +81,7 @@ from heapq import heappush, heapreplace
 from itertools import pairwise
 from typing import Any, Final
 
-from netdiag.paths.profile import split_endpoint
+from netdiag.paths.endpoint import split_endpoint
 from netdiag.records import Connection, Request
 
 PROXY_MIN_SHARE = 0.8

@@ -40,12 +40,12 @@ from importlib import resources
 from typing import Any
 
 from netdiag.analysis.stats import quantile
+from netdiag.paths.endpoint import split_endpoint
 from netdiag.paths.profile import (
     INITIAL_TTLS,
     Profile,
     hop_distance,
     parse_ip,
-    split_endpoint,
 )
 from netdiag.records import NS_PER_MS, Connection, Finding, Request
 

@@ -39,7 +39,8 @@ from typing import Any
 from netdiag.analysis.knee import Declined, Knee, find_knee, level_change
 from netdiag.analysis.stats import percentiles
 from netdiag.paths.budget import PathBudget, own_at
-from netdiag.paths.profile import Profile, split_endpoint
+from netdiag.paths.endpoint import split_endpoint
+from netdiag.paths.profile import Profile
 from netdiag.records import NS_PER_MS, Connection, DnsTransaction, Finding, Request
 
 INTERVAL_CHOICES_MS = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netdiag.errors import InputError
+from netdiag.paths.endpoint import split_endpoint
 from netdiag.records import Connection
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -47,33 +48,6 @@ def hop_distance(ttl: int) -> int:
         if ttl <= initial:
             return initial - ttl
     return 0
-
-
-_SPLIT_MEMO: dict[str, tuple[str, int | None]] = {}
-_SPLIT_MEMO_SIZE = 1 << 16
-"""End points :func:`split_endpoint` remembers (the path analysis asks for the same few
-thousand again and again, hundreds of thousands of times); emptied when full."""
-
-
-def split_endpoint(ep: str) -> tuple[str, int | None]:
-    """``"ip:port"`` / ``"[v6]:port"`` -> (ip, port); a bare address -> (ip, None)."""
-    got = _SPLIT_MEMO.get(ep)
-    if got is None:
-        if len(_SPLIT_MEMO) >= _SPLIT_MEMO_SIZE:
-            _SPLIT_MEMO.clear()
-        got = _SPLIT_MEMO[ep] = _split_endpoint(ep)
-    return got
-
-
-def _split_endpoint(ep: str) -> tuple[str, int | None]:
-    if ep.startswith("["):
-        host, _, rest = ep[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-        return host, int(port) if port.isdigit() else None
-    if ep.count(":") == 1:
-        host, _, port = ep.partition(":")
-        return host, int(port) if port.isdigit() else None
-    return ep, None
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -205,7 +205,7 @@ def test_helpers() -> None:
 
 
 def test_split_endpoint_memo_is_bounded_and_changes_nothing(monkeypatch) -> None:
-    from netdiag.paths import profile
+    from netdiag.paths import endpoint as profile
 
     monkeypatch.setattr(profile, "_SPLIT_MEMO_SIZE", 8)
     profile._SPLIT_MEMO.clear()
