@@ -442,9 +442,20 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
             _send_failure(conn, RuntimeError(
                 f"shard {k} of {n} failed sending its records: {e!r}"))
         conn.close()
-        return
+        _leave()
     conn.send_bytes(data)
     conn.close()
+    _leave()
+
+
+def _leave() -> None:
+    """End a shard process now: the parent waits for it to end (``join``) before it
+    merges, and freeing every record and flow the shard built took longer than sending
+    them (0.2 s at 1M packets). Nothing is left to write but the standard streams."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(0)
 
 
 # -- the parent -------------------------------------------------------------------------

@@ -8,10 +8,12 @@ merge order is also checked on hand-made shard outputs.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
 import os
+import pickle
 import random
 import struct
 import subprocess
@@ -472,3 +474,36 @@ def test_jobs_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NETDIAG_JOBS")
     report(str(ANTHO), "--format", "json")  # small: one process, no shards
     assert seen == [2, 3]
+
+
+def test_a_shard_ends_right_after_sending_everything(monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """A shard process leaves (``os._exit(0)``) as soon as its output is sent and its end
+    of the pipe closed, without freeing what it built first (the parent waits for it to
+    end before merging); everything is sent by then."""
+    import multiprocessing
+
+    class Left(Exception):
+        pass
+
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        raise Left
+
+    monkeypatch.setattr(shard.os, "_exit", fake_exit)
+    monkeypatch.setattr(shard.signal, "signal", lambda *_args: None)  # not this process's
+    receive, send = multiprocessing.Pipe(duplex=False)
+    collecting = gc.isenabled()
+    try:
+        with pytest.raises(Left):  # called here, not forked: the exit is the fake one
+            shard._child(send, [str(ANTHO)], Options(jobs=2), 1, 2, CollectingSink())
+    finally:
+        if collecting:
+            gc.enable()  # the shard turns the collector off before it packs
+    assert codes == [0] and send.closed
+    status, head = pickle.loads(receive.recv_bytes())
+    out = shard._receive_output(receive, head)
+    assert status == "ok" and out.events
+    receive.close()
