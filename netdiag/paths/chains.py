@@ -677,19 +677,22 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
     if not n:
         return
     base = [0] * n
-    at = [0] * n  # the node at each place of the order by start
-    # (start, connection id, index) as one integer: the connection's place among the ids
-    # sorted as strings, times the widest index, plus the index, under the start
-    ids = sorted({nd.conn_id for nd in nodes})
-    id_place = {cid: k for k, cid in enumerate(ids)}
-    width = max(nd.index for nd in nodes) + 1
-    ties = len(ids) * width
-    first = min(nd.ts_ns for nd in nodes)
-    keys = [(nd.ts_ns - first) * ties + id_place[nd.conn_id] * width + nd.index
-            for nd in nodes]
-    for r, i in enumerate(sorted(range(n), key=keys.__getitem__)):
-        base[i] = r
-        at[r] = i
+    # the order by start: sorted by start alone, then each run of equal starts (requests
+    # that arrived in one packet, or at one instant on several connections) by connection
+    # id and index; one integer key per node would outgrow a machine word
+    starts = [nd.ts_ns for nd in nodes]
+    at = sorted(range(n), key=starts.__getitem__)  # the node at each place
+    i = 0
+    while i < n:
+        t = starts[at[i]]
+        j = i + 1
+        while j < n and starts[at[j]] == t:
+            j += 1
+        if j - i > 1:
+            at[i:j] = sorted(at[i:j], key=lambda k: (nodes[k].conn_id, nodes[k].index))
+        i = j
+    for r, k in enumerate(at):
+        base[k] = r
     places: list[list[int]] = [base]
     seen: list[list[int]] = []  # the anchors of each order so far (by start: none)
     for v in range(1, 4):
