@@ -291,6 +291,10 @@ class Node:
     """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
     :func:`_rank`, so that sorting and comparing by arrival is by one integer (four
     machine integers inside the node, compiled: no tuple and no int objects)."""
+    taken_in: int = 0
+    """Set by the linker: the first estimate (:meth:`_Linker._fifo`, numbered from 1)
+    that last gave this request a child, instead of a set of the ids taken per
+    estimate."""
 
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
@@ -1284,6 +1288,8 @@ class _Linker:
         """Per child and subset of parents (the subset's number, shifted, or the child's),
         a cap its containing parents exceed."""
         self._subsets_made = 0
+        self._estimates_run = 0
+        """First estimates run so far (:attr:`Node.taken_in`)."""
         self._kept: dict[int, tuple[str, list[_Edge], list[_Edge] | None]] = {}
         """Per child and parent group (:meth:`slot`), the links a round kept and how."""
         # one tuple per distinct group and kind, shared by the nodes (dictionary keys
@@ -1505,13 +1511,14 @@ class _Linker:
         if end:
             kids = [u for u in kids if u.fb_ns is not None]
         kids = sorted(kids, key=lambda n: _rank(n, end, True))
+        self._estimates_run += 1
+        used = self._estimates_run  # the parents taken: ``taken_in`` equal to it
         future = [0] * len(kids)  # the least end of the children from this one on
         least = None
         for i in range(len(kids) - 1, -1, -1):
             e_ns = kids[i].end_ns
             least = e_ns if least is None or e_ns < least else least
             future[i] = least
-        used: set[int] = set()
         links: dict[bool, tuple[_Parents, list[int]]] = {}
         taken: dict[int, _Edge] = {}
         for i, u in enumerate(kids):
@@ -1523,7 +1530,7 @@ class _Linker:
                     same = sorted((p for p in same if p.fb_ns is not None),
                                   key=lambda p: _rank(p, True))
                 for p in same:
-                    if id(p) in used:
+                    if p.taken_in == used:
                         continue
                     cand = self._edge_of(p, u, pg, cg, declared)
                     if cand is None or cand.base >= _LATE_PENALTY_MS or (
@@ -1542,10 +1549,10 @@ class _Linker:
                      self._fifo_by_start(u, sub, nxt, used, future[i], pair, declared))
             if e is not None:
                 taken[id(u)] = e
-                used.add(id(e.parent))
+                e.parent.taken_in = used
         return taken
 
-    def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
+    def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: int,
                        closed: int, pair: tuple[Any, Any], declared: bool) -> _Edge | None:
         u_ts, u_end, server = u.ts_ns, u.end_ns, u.server
         hi = _after(sub.starts, u_ts)
@@ -1553,7 +1560,7 @@ class _Linker:
         stepped = 0
         while i < hi:
             p = sub.lst[i]
-            if id(p) in used or sub.ends[i] < closed:
+            if p.taken_in == used or sub.ends[i] < closed:
                 nxt[i] = i + 1
             else:
                 if sub.ends[i] >= u_end and p.server != server:
@@ -1568,7 +1575,7 @@ class _Linker:
         self.stepped += stepped
         return None
 
-    def _fifo_by_end(self, u: Node, sub: _Parents, nxt: list[int], used: set[int],
+    def _fifo_by_end(self, u: Node, sub: _Parents, nxt: list[int], used: int,
                      pair: tuple[Any, Any], declared: bool) -> _Edge | None:
         u_ts, u_end, server, u_fb = u.ts_ns, u.end_ns, u.server, u.fb_ns
         assert u_fb is not None
@@ -1578,7 +1585,7 @@ class _Linker:
         while j < top:
             k = sub.fb_pos[j]
             p = sub.lst[k]
-            if id(p) in used:
+            if p.taken_in == used:
                 nxt[j] = j + 1
             else:
                 if sub.starts[k] <= u_ts and sub.ends[k] >= u_end and p.server != server:
