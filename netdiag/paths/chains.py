@@ -1259,9 +1259,9 @@ class _Linker:
         """Pairs with a declared candidate (the hop order, or a parent a profile
         matched)."""
         self.left_out: dict[int, tuple[float, int, bool, float]] = {}
-        """Per child and parent group (:meth:`slot`), of the last round: (lower bound of the cost of
-        the candidates it left out, candidates costed, all of them, where the dearer
-        half of those kept begins: read only where not all, and for a child whose
+        """Per child and parent group (:meth:`slot`), of the last round: (lower bound of
+        the cost of the candidates it left out, candidates costed, all of them, where the
+        dearer half of those kept begins: read only where not all, and for a child whose
         candidates were all kept, left from the round that first found them)."""
         self.cap: dict[int, int] = {}
         """Per child and parent group (:meth:`slot`), its cap where doubled
@@ -1285,8 +1285,8 @@ class _Linker:
         """Candidate links built (one dropped by :meth:`forget_unweighed` and needed
         again counts twice)."""
         self._every_cache: dict[int, int] = {}
-        """Per child and subset of parents (the subset's number, shifted, or the child's),
-        a cap its containing parents exceed."""
+        """Per child and subset of parents (the subset's number in the bits above the
+        child's, as in :meth:`slot`), a cap its containing parents exceed."""
         self._subsets_made = 0
         self._estimates_run = 0
         """First estimates run so far (:attr:`Node.taken_in`)."""
@@ -1309,7 +1309,8 @@ class _Linker:
 
     def slot(self, u: Node, pg: tuple[Any, ...]) -> int:
         """The integer that stands for child ``u`` and parent group ``pg`` in the maps of
-        the assignment (an int, not a tuple: hashed and compared without allocating)."""
+        the assignment: one int instead of a tuple, so no tuple is built per lookup and
+        the group's tuple is not hashed again each time."""
         return self._group_slot[pg] | u.num
 
     def _of_slot(self, key: int) -> tuple[Node, tuple[Any, ...]]:

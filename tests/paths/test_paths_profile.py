@@ -205,15 +205,15 @@ def test_helpers() -> None:
 
 
 def test_split_endpoint_memo_is_bounded_and_changes_nothing(monkeypatch) -> None:
-    from netdiag.paths import endpoint as profile
+    from netdiag.paths import endpoint
 
-    monkeypatch.setattr(profile, "_SPLIT_MEMO_SIZE", 8)
-    profile._SPLIT_MEMO.clear()
+    monkeypatch.setattr(endpoint, "_SPLIT_MEMO_SIZE", 8)
+    endpoint._SPLIT_MEMO.clear()
     eps = [f"10.0.0.{i}:{1000 + i}" for i in range(20)] + [
         "[2001:db8::1]:443", "2001:db8::1", "host:notaport", "[::1]"]
     for _round in range(2):  # the second time from the memo, where it still holds them
         for ep in eps:
-            assert split_endpoint(ep) == profile._split_endpoint(ep)
-            assert len(profile._SPLIT_MEMO) <= 8
+            assert split_endpoint(ep) == endpoint._split_endpoint(ep)
+            assert len(endpoint._SPLIT_MEMO) <= 8
     assert split_endpoint("host:notaport") == ("host", None)
     assert split_endpoint("[::1]") == ("::1", None)
