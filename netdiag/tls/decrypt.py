@@ -206,6 +206,44 @@ def hkdf_expand_label(secret: bytes, label: bytes, context: bytes, length: int,
     return hkdf_expand(secret, info, length, hash_name)
 
 
+def _label_info(label: bytes, length: int) -> bytes:
+    """HKDF-Expand-Label's ``info`` for an empty context, with HKDF-Expand's first
+    counter byte appended (the input of the one HMAC a short output needs)."""
+    full = b"tls13 " + label
+    return length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00\x01"
+
+
+_KEY_INFOS = {n: _label_info(b"key", n) for n in (16, 24, 32)}
+"""The ``key`` label's HMAC input per key length (AES-128/256, ChaCha20)."""
+_IV_INFO = _label_info(b"iv", 12)
+
+
+def traffic_key_iv(secret: bytes, key_len: int, hash_name: str) -> tuple[bytes, bytes]:
+    """A TLS 1.3 traffic secret's write key (``key_len`` bytes) and 12-byte IV (RFC 8446
+    section 7.3): ``hkdf_expand_label`` with labels ``key`` and ``iv``, the HMAC key's
+    inner and outer hash states built once for both (the derivation runs for every
+    installed key: four or more per decrypted connection)."""
+    known = _HASHES.get(hash_name)
+    key_info = _KEY_INFOS.get(key_len)
+    if known is None or key_info is None or key_len > _HASH_LEN.get(hash_name, 0):
+        return (hkdf_expand_label(secret, b"key", b"", key_len, hash_name),
+                hkdf_expand_label(secret, b"iv", b"", 12, hash_name))
+    new, size = known
+    if len(secret) > size:
+        secret = new(secret).digest()
+    padded = secret.ljust(size, b"\0")
+    inner = new(padded.translate(_IPAD))
+    outer = new(padded.translate(_OPAD))
+    h = inner.copy()
+    h.update(key_info)
+    o = outer.copy()
+    o.update(h.digest())
+    key = o.digest()[:key_len]
+    inner.update(_IV_INFO)
+    outer.update(inner.digest())
+    return key, outer.digest()[:12]
+
+
 def _p_hash(secret: bytes, seed: bytes, length: int, hash_name: str) -> bytes:
     out = bytearray()
     a = seed
@@ -350,8 +388,7 @@ class TlsDecryptor:
 
     def _keys13(self, secret: bytes) -> tuple[Aead, int]:
         spec = self.spec
-        key = hkdf_expand_label(secret, b"key", b"", spec.key_len, spec.hash)
-        iv = hkdf_expand_label(secret, b"iv", b"", 12, spec.hash)
+        key, iv = traffic_key_iv(secret, spec.key_len, spec.hash)
         return _make_aead(spec, key), int.from_bytes(iv, "big")
 
     def _install13(self, d: _Direction, direction: int, phase: int,

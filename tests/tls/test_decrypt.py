@@ -52,6 +52,7 @@ from netdiag.tls.decrypt import (
     hkdf_expand_label,
     prf_tls10,
     prf_tls12,
+    traffic_key_iv,
 )
 from netdiag.tls.keylog import KeyLog
 from netdiag.tls.names import cipher_name
@@ -746,6 +747,23 @@ def test_rfc8448_traffic_keys(secret: str, key: str, iv: str) -> None:
     s = bytes.fromhex(secret)
     assert hkdf_expand_label(s, b"key", b"", 16, "sha256").hex() == key
     assert hkdf_expand_label(s, b"iv", b"", 12, "sha256").hex() == iv
+    assert traffic_key_iv(s, 16, "sha256") == (bytes.fromhex(key), bytes.fromhex(iv))
+
+
+def test_traffic_key_iv_is_hkdf_expand_label_s_key_and_iv() -> None:
+    """The write key and IV derived from one prepared HMAC are HKDF-Expand-Label's, for
+    every TLS 1.3 suite and for shapes it hands to the general path (unknown hash, key
+    longer than the hash, secret longer than the hash's block)."""
+    r = random.Random(8)
+    shapes = {(spec.key_len, spec.hash) for spec in SUITES.values() if spec.tls13}
+    assert {(16, "sha256"), (32, "sha384"), (32, "sha256")} <= shapes
+    shapes |= {(24, "sha256"), (40, "sha256"), (16, "sha512"), (13, "sha256")}
+    for key_len, hash_name in sorted(shapes):
+        for n in (32, 48, 64, 65, 130):
+            secret = r.randbytes(n)
+            assert traffic_key_iv(secret, key_len, hash_name) == (
+                hkdf_expand_label(secret, b"key", b"", key_len, hash_name),
+                hkdf_expand_label(secret, b"iv", b"", 12, hash_name)), (key_len, hash_name, n)
 
 
 def test_tls12_prf_vector() -> None:
