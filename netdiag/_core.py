@@ -51,6 +51,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.protocols.tls_decrypt",
     "netdiag.analysis.stats",
     "netdiag.analysis.tally",
+    "netdiag.analysis.summary",
     "netdiag.paths.endpoint",
     "netdiag.paths.chains",
     "netdiag.paths.budget",
@@ -61,8 +62,8 @@ COMPILED_MODULES: tuple[str, ...] = (
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
-decryption and the decrypting TLS analyzer, RESP, the summary's per-request loop, and
-the path analysis: hop linking, attribution, the edge facts, the budgets and the load
+decryption and the decrypting TLS analyzer, RESP, the summary and its per-request loop,
+and the path analysis: hop linking, attribution, the edge facts, the budgets and the load
 over time); everything else is pure Python (HTTP/1.x, QUIC and HTTP/3 too)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``

@@ -17,6 +17,17 @@ from netdiag.analysis.tally import request_times
 from netdiag.contract import QuicSummary, Summary
 from netdiag.records import Connection, DnsTransaction, Request, ns_to_ms
 
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
+Values = Any
+"""A value list of the builder: a ``list[float]``, or what the fleet's
+``SketchedSummary`` puts in its place (``append``, ``extend``, ``len``, truth,
+iteration). Typed ``Any`` so that the compiled builder takes either."""
+
 TOP_K = 10
 """How many worst offenders are kept as evidence per category."""
 
@@ -54,11 +65,15 @@ class _Top:
         return [p for _v, _n, _lab, p in sorted(self.heap, reverse=True)]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass
 class SummaryBuilder:
-    """Accumulates what the summary, the findings and the terminal report need."""
+    """Accumulates what the summary, the findings and the terminal report need.
 
-    dns_latency: list[float] = field(default_factory=list)
+    Compiled, it allows interpreted subclasses (the fleet's ``SketchedSummary``); its
+    value lists are :data:`Values`."""
+
+    dns_latency: Values = field(default_factory=list)
     dns_total: int = 0
     dns_unanswered: int = 0
     dns_retransmissions: int = 0
@@ -69,7 +84,7 @@ class SummaryBuilder:
     dns_failed_examples: list[str] = field(default_factory=list)
 
     tcp_connections: int = 0
-    tcp_rtt: list[float] = field(default_factory=list)
+    tcp_rtt: Values = field(default_factory=list)
     tcp_retransmissions: int = 0
     tcp_resets: int = 0
     tcp_reset_conns: list[str] = field(default_factory=list)
@@ -79,13 +94,13 @@ class SummaryBuilder:
     tcp_slowest_rtt: _Top = field(default_factory=_Top)
 
     quic_connections: int = 0
-    quic_rtt: list[float] = field(default_factory=list)
+    quic_rtt: Values = field(default_factory=list)
     quic_zero_rtt: int = 0
     quic_retries: int = 0
     quic_migrations: int = 0
 
     tls_handshakes: int = 0
-    tls_ms: list[float] = field(default_factory=list)
+    tls_ms: Values = field(default_factory=list)
     tls_resumed: int = 0
     tls_hrr: int = 0
     tls_versions: Counter[str] = field(default_factory=Counter)
@@ -96,9 +111,9 @@ class SummaryBuilder:
 
     http_requests: int = 0
     http_connections: int = 0
-    http_per_conn: list[float] = field(default_factory=list)
-    http_ttfb: list[float] = field(default_factory=list)
-    http_ttlb: list[float] = field(default_factory=list)
+    http_per_conn: Values = field(default_factory=list)
+    http_ttfb: Values = field(default_factory=list)
+    http_ttlb: Values = field(default_factory=list)
     http_protocols: Counter[str] = field(default_factory=Counter)
     http_estimated: bool = False
     http_estimated_requests: int = 0
@@ -108,10 +123,10 @@ class SummaryBuilder:
     resp_connections: int = 0
     resp_commands: Counter[str] = field(default_factory=Counter)
     resp_errors: int = 0
-    resp_latency: list[float] = field(default_factory=list)
+    resp_latency: Values = field(default_factory=list)
     resp_slowest: _Top = field(default_factory=_Top)
-    stream_first_event: list[float] = field(default_factory=list)
-    stream_gaps: list[float] = field(default_factory=list)
+    stream_first_event: Values = field(default_factory=list)
+    stream_gaps: Values = field(default_factory=list)
     stream_stalls: _Top = field(default_factory=_Top)
     slowest_connections: _Top = field(default_factory=_Top)
 

@@ -1,6 +1,5 @@
 """The per-request figures the summary counts, taken from a connection's requests in one
-compiled loop (the summary itself stays interpreted: the fleet's sketched summary
-subclasses it)."""
+loop (a function of its own: the summary's builder calls it for every connection)."""
 
 from __future__ import annotations
 
