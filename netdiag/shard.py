@@ -70,10 +70,10 @@ AUTO_MIN_BYTES = 64 << 20
 """``--jobs`` unset or 0: input smaller than this (all files) is analyzed in one process
 (starting the others and merging costs about what they save below this)."""
 
-TRANSFER_EVENTS = 4096
-"""Events a shard packs and sends per message: the records cross a few thousand at a
-time, so neither end ever holds all of a shard's events twice (as records and as
-pickled bytes)."""
+TRANSFER_EVENTS = 1024
+"""Events a shard packs and sends per message: the records cross a thousand at a time,
+so neither end ever holds all of a shard's events twice (as records and as pickled
+bytes), and the parent unpacks one batch while the shard packs the next."""
 
 END = 1 << 62
 """The packet position of what is emitted after the input (beyond any packet number)."""
@@ -390,20 +390,16 @@ def _send_failure(conn: Any, error: BaseException) -> None:
 
 
 def _receive_output(receive: Any, head: tuple[ShardOutput, int]) -> ShardOutput:
-    """The output :func:`_send_output` sent, ``head`` its first message. Every batch is
-    read before any is unpacked, so that the shard can end (and give its memory back)
-    while they are; each batch's bytes go as soon as it is unpacked."""
+    """The output :func:`_send_output` sent, ``head`` its first message. Each batch is
+    unpacked as it arrives, while the shard packs the next one."""
     out, batches = head
-    raw: list[bytes] = []
+    events: list[Event] = []
     for _ in range(batches):
         msg = receive.recv_bytes()
         if msg[:1] == _FAILED:
             raise pickle.loads(memoryview(msg)[1:])
-        raw.append(msg)
-    raw.reverse()
-    events: list[Event] = []
-    while raw:
-        _unpack_events(pickle.loads(memoryview(raw.pop())[1:]), events)
+        _unpack_events(pickle.loads(memoryview(msg)[1:]), events)
+        del msg
     return dataclasses.replace(out, events=events)
 
 

@@ -425,6 +425,42 @@ def test_records_cross_in_batches(fmt: str, monkeypatch: pytest.MonkeyPatch,
     assert not fallbacks
 
 
+def test_the_parent_unpacks_each_batch_as_it_arrives(monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    """The parent unpacks a batch before it reads the next (the shard packs that one
+    meanwhile), and a failure in place of a batch still ends the receiving."""
+    sink = CollectingSink()
+    analyze([str(ANTHO)], sink, Options())
+    packed = [(i, shard.CONNECTION, shard.pack_connection(c), None)
+              for i, c in enumerate(sink.connections)]
+    log: list[str] = []
+
+    class Pipe:
+        def __init__(self, messages: list[bytes]) -> None:
+            self.messages = messages
+
+        def recv_bytes(self) -> bytes:
+            log.append("read")
+            return self.messages.pop(0)
+
+    real = shard._unpack_events
+
+    def unpack(batch: list[Any], events: list[Any]) -> None:
+        log.append("unpack")
+        real(batch, events)
+
+    monkeypatch.setattr(shard, "_unpack_events", unpack)
+    batches = [shard._BATCH + pickle.dumps(packed[i:i + 5]) for i in range(0, 15, 5)]
+    head = (shard.ShardOutput([], [], 0, 0, set(), None, {}, {}), len(batches))
+    out = shard._receive_output(Pipe(list(batches)), head)
+    assert log == ["read", "unpack"] * 3
+    assert [c.to_json() for _p, _k, c, _x in out.events] == [
+        c.to_json() for c in sink.connections[:15]]
+    failed = shard._FAILED + pickle.dumps(RuntimeError("shard 1 of 2 failed"))
+    with pytest.raises(RuntimeError, match="shard 1 of 2 failed"):
+        shard._receive_output(Pipe([batches[0], failed]), head)
+
+
 def test_a_shard_that_fails_while_sending_is_an_error_not_a_hang(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(events: list[Any]) -> list[Any]:
