@@ -447,9 +447,8 @@ def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
 
 def _leave() -> None:
     """End a shard process now: freeing every record and flow the shard built took
-    longer than sending them (0.2 s at 1M packets), a core's time that the parent's
-    merge and path analysis can use. Nothing is left to write but the standard
-    streams."""
+    longer than sending them (0.2 s at 1M packets). Nothing is left to write but the
+    standard streams."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
@@ -527,9 +526,9 @@ def _stop(children: list[tuple[Any, Any]]) -> None:
 def _let_end(children: list[tuple[Any, Any]]) -> None:
     """Every shard sent all it had and leaves (:func:`_leave`): the parent goes on
     without waiting for them to end. The kernel takes back a shard's memory as it
-    exits (0.2 s for the key log benchmark's 400 MiB), on the shard's core while the
-    parent merges; ``multiprocessing`` reaps the ended processes later (at its next
-    start of a process, or at exit). Empties ``children``: nothing is left to stop."""
+    exits (26 ms for 400 MB here), on the shard's core while the parent merges;
+    ``multiprocessing`` reaps the ended processes later (at its next start of a
+    process, or at exit). Empties ``children``: nothing is left to stop."""
     for _proc, receive in children:
         receive.close()
     children.clear()
