@@ -214,7 +214,8 @@ def _label_info(label: bytes, length: int) -> bytes:
 
 
 _KEY_INFOS = {n: _label_info(b"key", n) for n in (16, 24, 32)}
-"""The ``key`` label's HMAC input per key length (AES-128/256, ChaCha20)."""
+"""The ``key`` label's HMAC input per AES or ChaCha20 key length (16, 24, 32 bytes);
+other lengths take the general path."""
 _IV_INFO = _label_info(b"iv", 12)
 
 
