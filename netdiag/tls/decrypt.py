@@ -177,10 +177,16 @@ def _hmac(key: bytes, msg: bytes, hash_name: str) -> bytes:
     if known is None:
         return hmac.digest(key, msg, hash_name)
     new, size = known
+    key = _block_key(key, new, size)
+    return new(key.translate(_OPAD) + new(key.translate(_IPAD) + msg).digest()).digest()
+
+
+def _block_key(key: bytes, new: Callable[[bytes], HASH], size: int) -> bytes:
+    """The HMAC key as one block of ``size`` bytes (RFC 2104): hashed when longer, then
+    padded with zeros; XOR-ed with the pads by ``translate(_IPAD)``/``(_OPAD)``."""
     if len(key) > size:
         key = new(key).digest()
-    key = key.ljust(size, b"\0")
-    return new(key.translate(_OPAD) + new(key.translate(_IPAD) + msg).digest()).digest()
+    return key.ljust(size, b"\0")
 
 
 def hkdf_expand(prk: bytes, info: bytes, length: int, hash_name: str) -> bytes:
@@ -200,23 +206,21 @@ def hkdf_expand(prk: bytes, info: bytes, length: int, hash_name: str) -> bytes:
 def hkdf_expand_label(secret: bytes, label: bytes, context: bytes, length: int,
                       hash_name: str) -> bytes:
     """TLS 1.3 HKDF-Expand-Label (RFC 8446 section 7.1); ``label`` without ``tls13 ``."""
+    return hkdf_expand(secret, _label_info(label, context, length), length, hash_name)
+
+
+def _label_info(label: bytes, context: bytes, length: int) -> bytes:
+    """HKDF-Expand-Label's ``info`` (the HkdfLabel structure)."""
     full = b"tls13 " + label
-    info = (length.to_bytes(2, "big") + bytes((len(full),)) + full
+    return (length.to_bytes(2, "big") + bytes((len(full),)) + full
             + bytes((len(context),)) + context)
-    return hkdf_expand(secret, info, length, hash_name)
 
 
-def _label_info(label: bytes, length: int) -> bytes:
-    """HKDF-Expand-Label's ``info`` for an empty context, with HKDF-Expand's first
-    counter byte appended (the input of the one HMAC a short output needs)."""
-    full = b"tls13 " + label
-    return length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00\x01"
-
-
-_KEY_INFOS = {n: _label_info(b"key", n) for n in (16, 24, 32)}
-"""The ``key`` label's HMAC input per AES or ChaCha20 key length (16, 24, 32 bytes);
+_KEY_INFOS = {n: _label_info(b"key", b"", n) + b"\x01" for n in (16, 24, 32)}
+"""The ``key`` label's HMAC input (its ``info`` and HKDF-Expand's first counter byte:
+a short output takes one HMAC) per AES or ChaCha20 key length (16, 24, 32 bytes);
 other lengths take the general path."""
-_IV_INFO = _label_info(b"iv", 12)
+_IV_INFO = _label_info(b"iv", b"", 12) + b"\x01"
 
 
 def traffic_key_iv(secret: bytes, key_len: int, hash_name: str) -> tuple[bytes, bytes]:
@@ -230,9 +234,7 @@ def traffic_key_iv(secret: bytes, key_len: int, hash_name: str) -> tuple[bytes, 
         return (hkdf_expand_label(secret, b"key", b"", key_len, hash_name),
                 hkdf_expand_label(secret, b"iv", b"", 12, hash_name))
     new, size = known
-    if len(secret) > size:
-        secret = new(secret).digest()
-    padded = secret.ljust(size, b"\0")
+    padded = _block_key(secret, new, size)
     inner = new(padded.translate(_IPAD))
     outer = new(padded.translate(_OPAD))
     h = inner.copy()
