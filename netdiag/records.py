@@ -7,7 +7,7 @@ the JSON form (``to_json``) turns them into the contract's ``ts`` epoch seconds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import truediv
 from typing import Any
 
@@ -50,6 +50,13 @@ def endpoint(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+def _field_values(obj: Any) -> tuple[Any, ...]:
+    """Every field of a record, in its ``__init__``'s order: what :func:`pickle` passes
+    back to the class. Compiled, a class with its own ``__init__`` is not made by
+    ``__new__`` alone, so the default reduction (``__new__``, then the state) fails."""
+    return tuple([getattr(obj, f.name) for f in fields(obj)])
+
+
 @dataclass(slots=True)
 class Warning_:
     """Something in the input that netdiag could not read as expected."""
@@ -64,6 +71,17 @@ class Warning_:
     """Byte offset in the (uncompressed) capture file where the problem starts."""
     packet: int | None = None
     """1-based number of the packet concerned (as Wireshark numbers frames)."""
+
+    def __init__(self, kind: str, message: str, file: str | None = None,
+                 offset: int | None = None, packet: int | None = None) -> None:
+        self.kind = kind
+        self.message = message
+        self.file = file
+        self.offset = offset
+        self.packet = packet
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), _field_values(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "file": self.file,
@@ -104,6 +122,30 @@ class DnsTransaction:
     """Packet number of the first query."""
     response_packet: int | None = None
     """Packet number of the first response."""
+
+    def __init__(self, ts_ns: int, client: str, server: str, transport: str, id: int, qname: str,
+                 qtype: str, rcode: str | None = None, answers: list[str] | None = None,
+                 response_ts_ns: int | None = None, retransmissions: int = 0, responses: int = 0,
+                 truncated: bool = False, query_packet: int | None = None,
+                 response_packet: int | None = None) -> None:
+        self.ts_ns = ts_ns
+        self.client = client
+        self.server = server
+        self.transport = transport
+        self.id = id
+        self.qname = qname
+        self.qtype = qtype
+        self.rcode = rcode
+        self.answers = [] if answers is None else answers
+        self.response_ts_ns = response_ts_ns
+        self.retransmissions = retransmissions
+        self.responses = responses
+        self.truncated = truncated
+        self.query_packet = query_packet
+        self.response_packet = response_packet
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), _field_values(self)
 
     @property
     def latency_ns(self) -> int | None:
@@ -166,6 +208,39 @@ class TlsInfo:
     """TLS 1.3 KeyUpdate messages seen (decrypted)."""
     decrypt_error: str | None = None
     """Why decryption stopped, e.g. a record that failed to authenticate."""
+
+    def __init__(self, version: str | None = None, sni: str | None = None,
+                 alpn_offered: list[str] | None = None, alpn: str | None = None,
+                 cipher: str | None = None, resumed: bool | None = None,
+                 hello_retry: bool = False, client_hello_ns: int | None = None,
+                 finished_ns: int | None = None, decrypted: bool = False,
+                 alert: str | None = None, client_hello_packet: int | None = None,
+                 finished_packet: int | None = None, client_random: bytes | None = None,
+                 session_ticket_offered: bool = False, certificate: dict[str, Any] | None = None,
+                 session_tickets: int = 0, key_updates: int = 0,
+                 decrypt_error: str | None = None) -> None:
+        self.version = version
+        self.sni = sni
+        self.alpn_offered = [] if alpn_offered is None else alpn_offered
+        self.alpn = alpn
+        self.cipher = cipher
+        self.resumed = resumed
+        self.hello_retry = hello_retry
+        self.client_hello_ns = client_hello_ns
+        self.finished_ns = finished_ns
+        self.decrypted = decrypted
+        self.alert = alert
+        self.client_hello_packet = client_hello_packet
+        self.finished_packet = finished_packet
+        self.client_random = client_random
+        self.session_ticket_offered = session_ticket_offered
+        self.certificate = certificate
+        self.session_tickets = session_tickets
+        self.key_updates = key_updates
+        self.decrypt_error = decrypt_error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), _field_values(self)
 
     @property
     def handshake_ns(self) -> int | None:
@@ -237,6 +312,46 @@ class Request:
     """Decoded request headers (HTTP/2 pseudo-headers included), for HAR export."""
     response_headers: list[tuple[str, str]] | None = None
     """Decoded response headers, for HAR export."""
+
+    def __init__(self, ts_ns: int, first_byte_ns: int | None = None,
+                 last_byte_ns: int | None = None, stream_id: int | None = None,
+                 method: str | None = None, authority: str | None = None,
+                 path: str | None = None, status: int | None = None,
+                 response_bytes: int | None = None, chunks: int | None = None,
+                 chunk_gaps_ns: list[int] | None = None, estimated: bool = True,
+                 protocol: str | None = None, end_ns: int | None = None,
+                 request_bytes: int | None = None, content_type: str | None = None,
+                 sse_events: int | None = None, first_event_ns: int | None = None,
+                 reset: str | None = None, reset_by: str | None = None,
+                 stall_ns: int | None = None,
+                 request_headers: list[tuple[str, str]] | None = None,
+                 response_headers: list[tuple[str, str]] | None = None) -> None:
+        self.ts_ns = ts_ns
+        self.first_byte_ns = first_byte_ns
+        self.last_byte_ns = last_byte_ns
+        self.stream_id = stream_id
+        self.method = method
+        self.authority = authority
+        self.path = path
+        self.status = status
+        self.response_bytes = response_bytes
+        self.chunks = chunks
+        self.chunk_gaps_ns = chunk_gaps_ns
+        self.estimated = estimated
+        self.protocol = protocol
+        self.end_ns = end_ns
+        self.request_bytes = request_bytes
+        self.content_type = content_type
+        self.sse_events = sse_events
+        self.first_event_ns = first_event_ns
+        self.reset = reset
+        self.reset_by = reset_by
+        self.stall_ns = stall_ns
+        self.request_headers = request_headers
+        self.response_headers = response_headers
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), _field_values(self)
 
     def to_json(self, connection_id: str | None = None,
                 headers: bool = False) -> dict[str, Any]:
@@ -341,6 +456,50 @@ class Connection:
     initial_answer_ns: int | None = None
     """QUIC: capture time of the server's first answer to it (Initial, Retry or Version
     Negotiation); ``handshake_rtt_ms`` spans the two."""
+
+    def __init__(self, id: str, ts_ns: int, client: str, server: str, transport: str = "tcp",
+                 syn_ns: int | None = None, handshake_ack_ns: int | None = None,
+                 syn_retransmissions: int = 0, retransmissions: int = 0, out_of_order: int = 0,
+                 lost_bytes: int = 0, resets: int = 0, packets: int = 0,
+                 bytes_to_server: int = 0, bytes_to_client: int = 0, last_ns: int = 0,
+                 server_ttl: int | None = None, handshake_seen: bool = False,
+                 close: str = "open", tls: TlsInfo | None = None, protocol: str | None = None,
+                 path: dict[str, Any] | None = None, requests: list[Request] | None = None,
+                 http2: dict[str, Any] | None = None, tunnel: dict[str, Any] | None = None,
+                 retransmission_ns: list[int] | None = None, quic: dict[str, Any] | None = None,
+                 initial_ns: int | None = None, initial_answer_ns: int | None = None) -> None:
+        self.id = id
+        self.ts_ns = ts_ns
+        self.client = client
+        self.server = server
+        self.transport = transport
+        self.syn_ns = syn_ns
+        self.handshake_ack_ns = handshake_ack_ns
+        self.syn_retransmissions = syn_retransmissions
+        self.retransmissions = retransmissions
+        self.out_of_order = out_of_order
+        self.lost_bytes = lost_bytes
+        self.resets = resets
+        self.packets = packets
+        self.bytes_to_server = bytes_to_server
+        self.bytes_to_client = bytes_to_client
+        self.last_ns = last_ns
+        self.server_ttl = server_ttl
+        self.handshake_seen = handshake_seen
+        self.close = close
+        self.tls = tls
+        self.protocol = protocol
+        self.path = path
+        self.requests = [] if requests is None else requests
+        self.http2 = http2
+        self.tunnel = tunnel
+        self.retransmission_ns = [] if retransmission_ns is None else retransmission_ns
+        self.quic = quic
+        self.initial_ns = initial_ns
+        self.initial_answer_ns = initial_answer_ns
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), _field_values(self)
 
     def to_json(self, with_requests: bool = True, headers: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {

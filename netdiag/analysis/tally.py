@@ -21,6 +21,13 @@ class RequestTimes:
     streams: list[Request] = field(default_factory=list)
     """Requests answered with server-sent events."""
 
+    def __init__(self, ttfb_ms: list[float] | None = None, ttlb_ms: list[float] | None = None,
+                 estimated: int = 0, streams: list[Request] | None = None) -> None:
+        self.ttfb_ms = [] if ttfb_ms is None else ttfb_ms
+        self.ttlb_ms = [] if ttlb_ms is None else ttlb_ms
+        self.estimated = estimated
+        self.streams = [] if streams is None else streams
+
 
 def request_times(reqs: list[Request]) -> RequestTimes:
     """The time to first and to last byte of ``reqs``, how many are estimated, and the

@@ -296,16 +296,58 @@ class Node:
     that last gave this request a child, instead of a set of the ids taken per
     estimate."""
 
+    def __init__(self, conn: Connection, index: int, req: Request, ts_ns: int, fb_ns: int | None,
+                 end_ns: int, window_end_ns: int, server: str, conn_id: str,
+                 group: tuple[Any, ...] = (), kind: tuple[Any, ...] = (), rid: str | None = None,
+                 resp: bool = False, parent: Node | None = None,
+                 children: list[Node] | None = None, link: str | None = None,
+                 candidates: int = 0, syn_first_ns: int | None = None,
+                 from_parent_address: bool = False, opened: bool = False, num: int = 0,
+                 ranks: tuple[int, int, int, int] = (0, 0, 0, 0), taken_in: int = 0) -> None:
+        self.conn = conn
+        self.index = index
+        self.req = req
+        self.ts_ns = ts_ns
+        self.fb_ns = fb_ns
+        self.end_ns = end_ns
+        self.window_end_ns = window_end_ns
+        self.server = server
+        self.conn_id = conn_id
+        self.group = group
+        self.kind = kind
+        self.rid = rid
+        self.resp = resp
+        self.parent = parent
+        self.children = _NO_CHILDREN if children is None else children
+        self.link = link
+        self.candidates = candidates
+        self.syn_first_ns = syn_first_ns
+        self.from_parent_address = from_parent_address
+        self.opened = opened
+        self.num = num
+        self.ranks = ranks
+        self.taken_in = taken_in
+
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
         """The node of ``conn.requests[index]``."""
         fb = req.first_byte_ns
-        if req.last_byte_ns is not None:
-            window_end = max(req.last_byte_ns, fb or req.last_byte_ns)
+        ts = req.ts_ns
+        last = req.last_byte_ns
+        # max() of two or three ints, written out: compiled, max(a, b, c) is a Python call
+        if last is not None:
+            f = fb or last
+            window_end = f if f > last else last
         else:
-            window_end = max(conn.last_ns, fb or req.ts_ns, req.ts_ns)
-        return cls(conn, index, req, req.ts_ns, fb, req.last_byte_ns or fb or req.ts_ns,
-                   window_end, conn.server, conn.id)
+            f = fb or ts
+            window_end = conn.last_ns
+            if f > window_end:
+                window_end = f
+            if ts > window_end:
+                window_end = ts
+        # Node(...), not cls(...): compiled, a call through ``cls`` is a Python-level call
+        return Node(conn, index, req, ts, fb, last or fb or ts, window_end, conn.server,
+                    conn.id)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -392,6 +434,14 @@ class Step:
     first byte)."""
     parts_ns: tuple[int, int, int] | None = None
     """``own_ns`` split around the calls it made: before, between, after them."""
+
+    def __init__(self, node: Node, depth: int, own_ns: int | None, in_ttfb: bool,
+                 parts_ns: tuple[int, int, int] | None = None) -> None:
+        self.node = node
+        self.depth = depth
+        self.own_ns = own_ns
+        self.in_ttfb = in_ttfb
+        self.parts_ns = parts_ns
 
     @property
     def conn(self) -> Connection:
@@ -577,6 +627,24 @@ class _Edge:
     slack: float | None
     """Parent wait minus child wait (ms)."""
     cost: float = 0.0
+
+    def __init__(self, parent: Node, child: Node, pgroup: tuple[Any, ...],
+                 cgroup: tuple[Any, ...], kind: tuple[Any, ...], rid: bool, declared: bool,
+                 address: bool, base: float, so: float, eo: float | None, slack: float | None,
+                 cost: float = 0.0) -> None:
+        self.parent = parent
+        self.child = child
+        self.pgroup = pgroup
+        self.cgroup = cgroup
+        self.kind = kind
+        self.rid = rid
+        self.declared = declared
+        self.address = address
+        self.base = base
+        self.so = so
+        self.eo = eo
+        self.slack = slack
+        self.cost = cost
 
 
 @dataclass(slots=True)
