@@ -295,6 +295,10 @@ class Node:
     """Set by the linker: the first estimate (:meth:`_Linker._fifo`, numbered from 1)
     that last gave this request a child, instead of a set of the ids taken per
     estimate."""
+    client_ip: str = ""
+    """Set by the linker: the address its connection's client sent from (no port)."""
+    server_ip: str = ""
+    """Set by the linker: the address its connection's server listens on (no port)."""
 
     def __init__(self, conn: Connection, index: int, req: Request, ts_ns: int, fb_ns: int | None,
                  end_ns: int, window_end_ns: int, server: str, conn_id: str,
@@ -303,7 +307,8 @@ class Node:
                  children: list[Node] | None = None, link: str | None = None,
                  candidates: int = 0, syn_first_ns: int | None = None,
                  from_parent_address: bool = False, opened: bool = False, num: int = 0,
-                 ranks: tuple[int, int, int, int] = (0, 0, 0, 0), taken_in: int = 0) -> None:
+                 ranks: tuple[int, int, int, int] = (0, 0, 0, 0), taken_in: int = 0,
+                 client_ip: str = "", server_ip: str = "") -> None:
         self.conn = conn
         self.index = index
         self.req = req
@@ -327,6 +332,8 @@ class Node:
         self.num = num
         self.ranks = ranks
         self.taken_in = taken_in
+        self.client_ip = client_ip
+        self.server_ip = server_ip
 
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
@@ -1309,7 +1316,6 @@ class _Linker:
         self.nodes = nodes
         self.trusted = trusted
         self.hop_order = {k: list(v) for k, v in hop_order.items()}
-        self._ips: dict[int, str] = {}
         self.median_wait: dict[tuple[Any, ...], int] = {}
         """Median time to first byte per group (ns)."""
         self.clients: dict[tuple[Any, ...], set[str]] = defaultdict(set)
@@ -1363,8 +1369,14 @@ class _Linker:
         # one tuple per distinct group and kind, shared by the nodes (dictionary keys
         # then compare by identity first)
         shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        last_conn: Connection | None = None
+        client_ip = server_ip = ""
         for num, n in enumerate(nodes):
             n.num = num
+            if n.conn is not last_conn:  # once per run of one connection's requests
+                last_conn = n.conn
+                client_ip, server_ip = _host(last_conn.client), _host(last_conn.server)
+            n.client_ip, n.server_ip = client_ip, server_ip
             g = self._group_of(n)
             n.group = shared.setdefault(g, g)
             if n.group not in self._group_slot:
@@ -1446,8 +1458,8 @@ class _Linker:
         self.median_wait = {g: sorted(w)[len(w) // 2] for g, w in waits.items()}
         for n in self.nodes:
             g = n.group
-            self.clients[g].add(self._client_ip(n.conn))
-            self.servers[g].add(self._server_ip(n.conn))
+            self.clients[g].add(n.client_ip)
+            self.servers[g].add(n.server_ip)
         index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], list[int], int]] = {}
         for g, lst in groups.items():
             lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
@@ -2120,19 +2132,6 @@ class _Linker:
                 counts[cg] = [pc for pc in active if not pc.hopeless and pc.hits < need_cg]
         return hopeless
 
-    def _client_ip(self, c: Connection) -> str:
-        ip = self._ips.get(id(c))
-        if ip is None:
-            ip = self._ips[id(c)] = _host(c.client)
-        return ip
-
-    def _server_ip(self, c: Connection) -> str:
-        key = -id(c)
-        ip = self._ips.get(key)
-        if ip is None:
-            ip = self._ips[key] = _host(c.server)
-        return ip
-
     @staticmethod
     def _contains(p: Node, u: Node) -> bool:
         return (p.conn is not u.conn and p.server != u.server
@@ -2159,7 +2158,7 @@ class _Linker:
             if (pr.response_bytes is not None and ur.response_bytes is not None
                     and not pr.sse_events and pr.response_bytes != ur.response_bytes):
                 base += _SIZE_PENALTY_MS
-        address = self._client_ip(u.conn) == self._server_ip(p.conn)
+        address = u.client_ip == p.server_ip
         if address:
             base -= _ADDRESS_BONUS_MS
         sent = u.syn_first_ns if u.syn_first_ns is not None and \
