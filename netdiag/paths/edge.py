@@ -513,14 +513,26 @@ def range_match(ip: str, profile: Profile | None = None
     """(edge name, network, where) of the first range holding address (or endpoint)
     ``ip``: a profile ``[[edge]]`` entry first (``where`` = ``profile``), then the shipped
     lists (``where`` = the list's source and date)."""
+    edges = getattr(profile, "edges", ()) or ()
+    if not edges:
+        return _shipped_match_of(ip)
     addr = _addr(ip)
     if addr is None:
         return None
-    for e in getattr(profile, "edges", ()) or ():
+    for e in edges:
         for net in e.ranges:
             if net.version == addr.version and addr in net:
                 return e.name, net, "profile"
     return _shipped_match(addr)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _shipped_match_of(ip: str) -> tuple[str, IPNetwork, str] | None:
+    """:func:`_shipped_match` of an address or endpoint as written: a capture's
+    connections name a few servers, and parsing the address took longer than the
+    rest of a connection's edge facts."""
+    addr = _addr(ip)
+    return None if addr is None else _shipped_match(addr)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -26,8 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from netdiag.analysis.findings import Thresholds
-from netdiag.analysis.stats import quantile
-from netdiag.paths.budget import MIN_SAMPLES, Difference, PathBudget, median
+from netdiag.analysis.stats import median, quantile
+from netdiag.paths.budget import MIN_SAMPLES, Difference, PathBudget
 from netdiag.paths.chains import Chains, Node, is_resp
 from netdiag.records import Finding
 
