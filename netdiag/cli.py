@@ -73,6 +73,8 @@ def cli() -> None:
 
 def main() -> None:
     """Console-script entry point: maps errors to exit codes, never a traceback for bad input."""
+    from netdiag import quick_exit
+
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -90,7 +92,9 @@ def main() -> None:
     except BrokenPipeError:
         sys.stderr.close()
         sys.exit(0)
-    except SystemExit:
+    except SystemExit as e:
+        if isinstance(e.code, int):
+            quick_exit.leave(e.code)
         raise
     except Exception as e:
         if os.environ.get("NETDIAG_DEBUG"):
@@ -98,3 +102,4 @@ def main() -> None:
         click.echo(f"netdiag: internal error: {type(e).__name__}: {e} "
                    "(set NETDIAG_DEBUG=1 for details; please report it)", err=True)
         sys.exit(EXIT_INTERNAL)
+    quick_exit.leave(0)

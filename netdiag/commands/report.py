@@ -157,6 +157,10 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
         n, keys = export_pcapng(files, write_pcapng, result)
         stderr_console().print(f"wrote {write_pcapng}: {n} packets, keys of {keys} TLS "
                                 "connection(s) embedded", highlight=False)
+    if fleet["executor"] != "dask":  # everything is written: no heap teardown at exit
+        from netdiag import quick_exit
+
+        quick_exit.allow()
     if result.capture.truncated:
         sys.exit(EXIT_TRUNCATED)
 
