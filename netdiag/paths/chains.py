@@ -341,7 +341,7 @@ class Node:
         fb = req.first_byte_ns
         ts = req.ts_ns
         last = req.last_byte_ns
-        # max() of two or three ints, written out: compiled, max(a, b, c) is a Python call
+        # the max() written out: compiled, a max() of three ints was a call into the builtins
         if last is not None:
             f = fb or last
             window_end = f if f > last else last
