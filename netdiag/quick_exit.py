@@ -29,11 +29,6 @@ def allow() -> None:
     _allowed = True
 
 
-def allowed() -> bool:
-    """Whether :func:`allow` was called."""
-    return _allowed
-
-
 def leave(code: int = 0) -> None:
     """End the process with ``code`` now if :func:`allow` was called (see the module
     docstring); otherwise, or when it cannot, return."""
@@ -43,10 +38,20 @@ def leave(code: int = 0) -> None:
     if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
         return
     atexit._run_exitfuncs()
+    if not flush_standard_streams():
+        return  # the usual exit reports it as it always has
+    os._exit(code)
+
+
+def flush_standard_streams() -> bool:
+    """Flush stdout and stderr before an ``os._exit`` or a fork (here, and where
+    ``netdiag.shard`` forks and ends its shards); False when one could not be (closed,
+    or its reader gone)."""
+    flushed = True
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except (OSError, ValueError):
-            return  # the usual exit reports it as it always has
-    os._exit(code)
+            flushed = False
+    return flushed

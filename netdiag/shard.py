@@ -43,14 +43,12 @@ happened, the input is analyzed again in one process (exact, but twice the time)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import traceback
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -62,6 +60,7 @@ from netdiag.gcpolicy import settle
 from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_limits
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
+from netdiag.quick_exit import flush_standard_streams
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
 from netdiag.result import CaptureFacts, Result, Sink
 from netdiag.tls.keylog import KeyLog
@@ -449,9 +448,7 @@ def _leave() -> None:
     """End a shard process now: freeing every record and flow the shard built took
     longer than sending them (0.2 s at 1M packets). Nothing is left to write but the
     standard streams."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
+    flush_standard_streams()
     os._exit(0)
 
 
@@ -463,9 +460,7 @@ def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
     if n <= 1 or not _shardable(paths):
         return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
     ctx = multiprocessing.get_context("fork")
-    for stream in (sys.stdout, sys.stderr):  # a child must not write the parent's buffers
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
+    flush_standard_streams()  # a child must not write the parent's buffers again
     children: list[tuple[Any, Any]] = []
     try:
         for k in range(1, n):
