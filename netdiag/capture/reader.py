@@ -27,11 +27,14 @@ import struct
 import zlib
 from collections.abc import Generator, Iterator
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from netdiag.capture.linktypes import normalize
 from netdiag.errors import CaptureFormatError, InputError
 from netdiag.records import Warning_
+
+if TYPE_CHECKING:  # annotations only: at run time an i64 is an int
+    from mypy_extensions import i64
 
 try:
     from mypy_extensions import mypyc_attr
@@ -92,6 +95,12 @@ _ISB_OPTIONS = {4: "isb_ifrecv", 5: "isb_ifdrop", 6: "isb_filteraccept",
 # An interface of the current pcapng section:
 # (linktype, ts multiplier, ts divisor, ts offset in ns, snaplen).
 _Iface = tuple[int, int, int, int, int]
+
+
+_FAST_TICKS_HIGH = 1 << 21
+"""An EPB timestamp's upper 32 bits below this (ticks below 2**53) with a resolution of
+a microsecond or finer (nanoseconds per tick at most 1000) are converted in native 64-bit
+arithmetic: the product fits, and mypyc's tagged ints would make objects for it."""
 
 
 def _tsresol(code: int) -> tuple[int, int]:
@@ -640,7 +649,9 @@ class CaptureReader:
     def _pcap_deliver(self, sink: PacketSink) -> bool:
         """The pcap record loop: one header read (byte by byte, no object) per packet."""
         hl = self._hdr_len
-        mul = self._frac_mul
+        mul: i64 = self._frac_mul  # i64: the nanosecond product exceeds what mypyc's
+        # tagged ints multiply without making objects (a second, up to 2**32 - 1, times 10**9
+        # stays below 2**63)
         limit = self._limit
         lt = self._linktype
         little = self._bo == "<"
@@ -652,6 +663,8 @@ class CaptureReader:
         while True:
             stop = end - hl
             while pos <= stop:
+                sec: i64
+                frac: i64
                 if little:
                     sec = (buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
                            | buf[pos + 3] << 24)
@@ -719,8 +732,16 @@ class CaptureReader:
                 if ifid >= nif or cap > blen - 32:
                     break
                 lt, mul, div, off, _ = ifaces[ifid]
-                ticks = _u32(buf, pos + 12, little) << 32 | _u32(buf, pos + 16, little)
-                ts = ticks * mul + off if div == 1 else ticks * mul // div + off
+                high = _u32(buf, pos + 12, little)
+                low = _u32(buf, pos + 16, little)
+                ts: int
+                if high < _FAST_TICKS_HIGH and div == 1 and 0 <= mul <= 1000:
+                    ticks: i64 = high << 32 | low  # below 2**53: times mul below 2**63
+                    ts = ticks * mul
+                    ts += off  # as an int: the offset is the file's, of any size
+                else:  # any resolution or value, as big ints
+                    big = high << 32 | low
+                    ts = big * mul + off if div == 1 else big * mul // div + off
                 n += 1
                 nbytes += cap
                 self.packets_read = n

@@ -20,7 +20,7 @@ import heapq
 import socket
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from netdiag.capture.reader import CaptureReader, PacketSink
 from netdiag.flows.defrag import Defragmenter
@@ -29,6 +29,9 @@ from netdiag.flows.stream import StreamAnalyzer
 from netdiag.flows.tcp import ACK, SYN, TcpFlow
 from netdiag.limits import LIMIT_CONNECTIONS, Limits
 from netdiag.records import Connection, Warning_, endpoint
+
+if TYPE_CHECKING:  # annotations only: at run time an i64 is an int
+    from mypy_extensions import i64
 
 SWEEP_EVERY = 1 << 15
 """Packets between two sweeps of idle flows."""
@@ -96,21 +99,24 @@ def flow_hash(buf: bytes, at: int, alen: int, l4: int) -> int:
     ``buf[at]`` and ports at ``buf[l4]``: the same in both directions and in every
     process (unlike ``hash()`` of bytes, salted per process), made without an object
     per packet. The lower end point (address bytes, then port) is hashed first, as
-    16-bit words of a polynomial modulo a prime."""
+    16-bit words of a polynomial modulo a prime.
+
+    The arithmetic is in ``i64`` (no value exceeds 2**51): compiled, mypyc's tagged
+    ints take the slow, object-making path for most of these products."""
     other = at + alen
-    sport = (buf[l4] << 8) | buf[l4 + 1]
-    dport = (buf[l4 + 2] << 8) | buf[l4 + 3]
+    sport: i64 = (buf[l4] << 8) | buf[l4 + 1]
+    dport: i64 = (buf[l4 + 2] << 8) | buf[l4 + 3]
     if alen == 4:
-        a = (buf[at] << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3]
-        b = (buf[other] << 24) | (buf[other + 1] << 16) | (buf[other + 2] << 8) \
+        a: i64 = (buf[at] << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3]
+        b: i64 = (buf[other] << 24) | (buf[other + 1] << 16) | (buf[other + 2] << 8) \
             | buf[other + 3]
         if a > b or (a == b and sport > dport):
             a, b, sport, dport = b, a, dport, sport
-        h = ((a >> 16) * _HASH_MUL + (a & 0xFFFF)) % _HASH_MOD
+        h: i64 = ((a >> 16) * _HASH_MUL + (a & 0xFFFF)) % _HASH_MOD
         h = (h * _HASH_MUL + sport) % _HASH_MOD
         h = (h * _HASH_MUL + (b >> 16)) % _HASH_MOD
         h = (h * _HASH_MUL + (b & 0xFFFF)) % _HASH_MOD
-        return (h * _HASH_MUL + dport) % _HASH_MOD
+        return int((h * _HASH_MUL + dport) % _HASH_MOD)
     first_lower = sport <= dport
     for i in range(alen):
         x = buf[at + i]
@@ -119,11 +125,11 @@ def flow_hash(buf: bytes, at: int, alen: int, l4: int) -> int:
             first_lower = x < y
             break
     if first_lower:
-        return _mix(_mix(0, buf, at, alen, sport), buf, other, alen, dport)
-    return _mix(_mix(0, buf, other, alen, dport), buf, at, alen, sport)
+        return int(_mix(_mix(0, buf, at, alen, sport), buf, other, alen, dport))
+    return int(_mix(_mix(0, buf, other, alen, dport), buf, at, alen, sport))
 
 
-def _mix(h: int, buf: bytes, at: int, alen: int, port: int) -> int:
+def _mix(h: i64, buf: bytes, at: int, alen: int, port: i64) -> i64:
     for i in range(at, at + alen, 2):
         h = (h * _HASH_MUL + ((buf[i] << 8) | buf[i + 1])) % _HASH_MOD
     return (h * _HASH_MUL + port) % _HASH_MOD

@@ -216,6 +216,34 @@ def test_pcapng_sections_interfaces_and_blocks(tmp_path: Path) -> None:
     assert r.packets_read == 6 and r.bytes_read == 60 + 20 + 30 + 16 + 8 + 12
 
 
+def test_timestamps_at_the_edges_of_native_arithmetic(tmp_path: Path) -> None:
+    """Timestamps are exact whatever their size: the compiled reader converts the usual
+    ones in 64-bit arithmetic and must fall back, not overflow or raise, beyond it."""
+    last_sec = 0xFFFFFFFF
+    p = write(tmp_path, pcap_bytes([(last_sec, 999_999, b"a", 1), (1, 0, b"b", 1)]))
+    assert [t for t, *_ in read_all(p)[1]] == [last_sec * NS + 999_999_000, NS]
+    p = write(tmp_path, pcap_bytes([(last_sec, 999_999_999, b"a", 1)], nano=True, bo=">"),
+              "n.pcap")
+    assert [t for t, *_ in read_all(p)[1]] == [last_sec * NS + 999_999_999]
+    huge_offset = (1 << 63) - 1  # seconds: far beyond 64 bits once in nanoseconds
+    edge = (1 << 53) - 1  # the largest tick count converted natively
+    cases = [(0, edge), (0, edge + 1), (0, (1 << 64) - 1), (1, edge), (1, 1 << 60),
+             (2, edge), (3, 5)]
+    data = b"".join([
+        shb(),
+        idb(1, 0),                                   # usec
+        idb(1, 0, tsresol=9),                        # nsec
+        idb(1, 0, tsresol=6, tsoffset=huge_offset),  # usec, offset of 2**63 - 1 s
+        idb(1, 0, tsresol=0x94, tsoffset=-huge_offset - 1),  # 2**-20 s, offset -2**63 s
+        *(epb(i, ticks, b"x") for i, ticks in cases),
+    ])
+    got = [t for t, *_ in read_all(write(tmp_path, data, "t.pcapng"))[1]]
+    per_tick = [(1000, 1, 0), (1, 1, 0), (1000, 1, huge_offset * NS),
+                (NS, 1 << 20, -(huge_offset + 1) * NS)]
+    assert got == [ticks * per_tick[i][0] // per_tick[i][1] + per_tick[i][2]
+                   for i, ticks in cases]
+
+
 def test_pcapng_written_by_dpkt(tmp_path: Path) -> None:
     pn = dpkt.pcapng
     idb0 = pn.InterfaceDescriptionBlockLE(linktype=1, snaplen=65535)
