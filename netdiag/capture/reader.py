@@ -297,6 +297,12 @@ class _Source:
             raw.close()
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
         self.gunzip = _Gunzip(raw) if head == _GZIP_MAGIC else None
+        self._fd = -1
+        """A plain local file's descriptor, read at ``_consumed`` (``os.pread``); -1 for
+        any other stream."""
+        if self.gunzip is None and isinstance(raw, io.BufferedReader) \
+                and self.total is not None:
+            self._fd = raw.fileno()
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes; ``b""`` at the end of the data or after a read error."""
@@ -308,11 +314,28 @@ class _Source:
             self.error = gz.error
             return data
         try:
-            data = self.raw.read(n)
+            data = os.pread(self._fd, n, self._consumed) if self._fd >= 0 else self.raw.read(n)
         except OSError as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             return b""
         self._consumed += len(data)
+        return data
+
+    def read_after(self, kept: bytes, n: int) -> bytes:
+        """``kept`` (the last bytes :meth:`read` returned, not yet used) followed by up to
+        ``n`` more, as one bytes object. A plain local file reads ``kept`` again with
+        them, in one call, rather than copying every new byte once more to join them."""
+        k = len(kept)
+        if self._fd < 0 or not k or self.error is not None:
+            return kept + self.read(n)
+        try:
+            data = os.pread(self._fd, k + n, self._consumed - k)
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return kept
+        if len(data) < k or not data.startswith(kept):  # the file changed under us
+            return kept + self.read(n)
+        self._consumed += len(data) - k
         return data
 
     def consumed(self) -> int:
@@ -564,16 +587,19 @@ class CaptureReader:
         if have >= need:
             self._pos = pos
             return True
-        parts = [buf[pos:]]
         self._base += pos
-        read = self._src.read
-        while have < need:
+        src = self._src
+        first = src.read_after(buf[pos:], CHUNK_SIZE)
+        parts = [first]
+        more = len(first) > have
+        have = len(first)
+        read = src.read
+        while more and have < need:
             chunk = read(CHUNK_SIZE)
-            if not chunk:
-                break
+            more = bool(chunk)
             parts.append(chunk)
             have += len(chunk)
-        self._buf = b"".join(parts)
+        self._buf = first if len(parts) == 1 else b"".join(parts)
         self._pos = 0
         return have >= need
 
