@@ -786,11 +786,11 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
         if same is not None:  # the anchors of an earlier order (a child's first byte)
             places.append(places[same + 1])
             continue
-        low = min(anchors)
-        keys = sorted([(a - low) * n + base[i] for i, a in enumerate(anchors)])
+        # ``at`` lists the nodes in the order by start, and a sort is stable: equal
+        # anchors keep that order
         place = [0] * n
-        for r, k in enumerate(keys):
-            place[at[k % n]] = r
+        for r, k in enumerate(sorted(at, key=anchors.__getitem__)):
+            place[k] = r
         places.append(place)
     for i, nd in enumerate(nodes):
         nd.ranks = (places[0][i], places[1][i], places[2][i], places[3][i])

@@ -273,15 +273,27 @@ def parse_server_timing(value: str | Iterable[str]) -> list[Metric]:
 # --- the split of one request --------------------------------------------------------
 
 
-def _values(headers: Sequence[tuple[str, str]] | None, name: str) -> list[str]:
-    if not headers:
-        return []
-    out = []
+_SERVER_TIMING = "server-timing"
+_ENVOY_TIME = "x-envoy-upstream-service-time"
+
+
+def _timing_values(headers: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The values of a response's ``server-timing`` and ``x-envoy-upstream-service-time``
+    headers (names in any case), in one pass that lowers only the names of either length:
+    a name whose lower case is ASCII has that length already."""
+    timing: list[str] = []
+    envoy: list[str] = []
     for h in headers:
-        if (isinstance(h, tuple | list) and len(h) == 2 and isinstance(h[0], str)
-                and isinstance(h[1], str) and h[0].lower() == name):
-            out.append(h[1])
-    return out
+        if not (isinstance(h, tuple | list) and len(h) == 2 and isinstance(h[0], str)
+                and isinstance(h[1], str)):
+            continue
+        size = len(h[0])
+        if size == len(_SERVER_TIMING):
+            if h[0].lower() == _SERVER_TIMING:
+                timing.append(h[1])
+        elif size == len(_ENVOY_TIME) and h[0].lower() == _ENVOY_TIME:
+            envoy.append(h[1])
+    return timing, envoy
 
 
 def _envoy_ms(values: list[str]) -> float | None:
@@ -325,8 +337,7 @@ def request_split(req: Request) -> dict[str, Any] | None:
     headers = req.response_headers
     if not headers:
         return None
-    st_values = _values(headers, "server-timing")
-    envoy_values = _values(headers, "x-envoy-upstream-service-time")
+    st_values, envoy_values = _timing_values(headers)
     if not st_values and not envoy_values:
         return None
     metrics: dict[str, Metric] = {}

@@ -203,6 +203,21 @@ def test_envoy_header() -> None:
         assert request_split(_r(50.0, ("x-envoy-upstream-service-time", bad))) is None
 
 
+def test_header_names_match_in_any_case() -> None:
+    """As ``str.lower`` has it: any case matches; a name that only looks alike, or
+    whose lower case is longer (U+0130) or not ASCII (a dotless i), does not."""
+    s = request_split(_r(50.0, ("X-ENVOY-UPSTREAM-SERVICE-TIME", "42"),
+                         ("SERVER-TIMING", "app;dur=30")))
+    assert s is not None and s["source"] == "x-envoy-upstream-service-time"
+    s = request_split(_r(50.0, ("Server-Timing", "cfOrigin;dur=20")))
+    assert s is not None and s["upstream_ms"] == 20.0
+    for name, value in (("x-envoy-upstream-service-t\u0131me", "5"),
+                        ("X-ENVOY-UPSTREAM-SERVICE-T\u0130ME", "5"),
+                        ("server-t\u0130ming", "a;dur=5"), ("server-timing ", "a;dur=5"),
+                        ("server_timing", "a;dur=5")):
+        assert request_split(_r(50.0, (name, value))) is None, name
+
+
 def test_no_split_where_the_answer_does_not_tell() -> None:
     assert request_split(_r(50.0)) is None
     assert request_split(_r(50.0, ("server", "cloudflare"))) is None
