@@ -467,9 +467,12 @@ class Step:
     @property
     def what(self) -> str:
         r = self.node.req
-        if is_resp(self.node.conn, r):
-            return " ".join(x for x in (r.method, r.path) if x) or "command"
-        return " ".join(x for x in (r.method, r.path) if x) or "request"
+        method, target = r.method, r.path
+        if method and target:
+            return f"{method} {target}"
+        if method or target:
+            return method or target or ""
+        return "command" if is_resp(self.node.conn, r) else "request"
 
     def to_json(self) -> dict[str, Any]:
         n = self.node

@@ -284,7 +284,8 @@ def _timing_values(headers: Sequence[tuple[str, str]]) -> tuple[list[str], list[
     timing: list[str] = []
     envoy: list[str] = []
     for h in headers:
-        if not (isinstance(h, tuple | list) and len(h) == 2 and isinstance(h[0], str)
+        if not ((isinstance(h, tuple) or isinstance(h, list)) and len(h) == 2  # noqa: SIM101
+                and isinstance(h[0], str)
                 and isinstance(h[1], str)):
             continue
         size = len(h[0])
@@ -426,7 +427,23 @@ _CDNS = ("cloudflare", "cloudfront", "fastly", "akamai", "google")
 _FASTLY_NODE = re.compile(r"cache-[a-z0-9]+(?:-[a-z0-9]+)*", re.IGNORECASE)
 
 
+_SERVER_NAME_MEMO: dict[str, str | None] = {}
+_SERVER_NAME_MEMO_MAX = 4096
+"""``server`` header values recognised so far (a capture repeats a few; the memo
+stops growing at this size, whatever the capture sends)."""
+
+
 def _server_name(value: str) -> str | None:
+    memo = _SERVER_NAME_MEMO
+    if value in memo:
+        return memo[value]
+    name = _server_name_of(value)
+    if len(memo) < _SERVER_NAME_MEMO_MAX:
+        memo[value] = name
+    return name
+
+
+def _server_name_of(value: str) -> str | None:
     v = value.strip().lower()
     for needle, name in _SERVER_NAMES:
         if needle in _EXACT:
@@ -444,15 +461,14 @@ def header_signals(headers: Sequence[object] | None) -> list[tuple[str, str]]:
     if not headers:
         return out
     for h in headers[:512]:
-        if not (isinstance(h, tuple | list) and len(h) == 2):
+        # two checks, not ``tuple | list``: that builds a union object per header
+        if not ((isinstance(h, tuple) or isinstance(h, list)) and len(h) == 2):  # noqa: SIM101
             continue
         k, v = h
         if not isinstance(k, str) or not isinstance(v, str):
             continue
         key = k.lower()
         val = v[:1024]
-        low = val.lower()
-        ev = f"{clean(key, 40)}: {clean(val)}"
         name: str | None = None
         if key == "server":
             name = _server_name(val)
@@ -461,6 +477,7 @@ def header_signals(headers: Sequence[object] | None) -> list[tuple[str, str]]:
         elif key in ("x-amz-cf-id", "x-amz-cf-pop"):
             name = "cloudfront"
         elif key == "via":
+            low = val.lower()
             if "cloudfront" in low:
                 name = "cloudfront"
             elif "varnish" in low:
@@ -468,7 +485,7 @@ def header_signals(headers: Sequence[object] | None) -> list[tuple[str, str]]:
             elif val.strip():
                 name = "proxy"
         elif key == "x-cache":
-            name = "cloudfront" if "cloudfront" in low else "proxy"
+            name = "cloudfront" if "cloudfront" in val.lower() else "proxy"
         elif key == "x-fastly-request-id" or key.startswith("fastly-"):
             name = "fastly"
         elif key == "x-served-by":
@@ -480,8 +497,8 @@ def header_signals(headers: Sequence[object] | None) -> list[tuple[str, str]]:
             name = "envoy"
         elif key == "x-varnish":
             name = "varnish"
-        if name is not None:
-            out.append((name, ev))
+        if name is not None:  # the evidence line only for a header that names an edge
+            out.append((name, f"{clean(key, 40)}: {clean(val)}"))
     return out
 
 
@@ -823,6 +840,8 @@ def annotate_edge(cj: dict[str, Any], conn: Connection, profile: Profile | None 
     cj["edge"] = identify_edge(conn, profile)
     reqs = cj.get("requests")
     if isinstance(reqs, list):
-        for rj, r in zip(reqs, conn.requests, strict=False):
+        requests = conn.requests
+        for i in range(min(len(reqs), len(requests))):  # a zip() with a keyword is a slow call
+            rj = reqs[i]
             if isinstance(rj, dict):
-                rj["upstream"] = request_split(r)
+                rj["upstream"] = request_split(requests[i])
