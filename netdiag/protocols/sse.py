@@ -123,7 +123,8 @@ def add_events(counter: SseCounter, req: Request, gaps: list[int], ts_ns: int,
             req.first_event_ns = times[0]
         else:
             gaps.append(times[before] - times[before - 1])
-        gaps.extend(b - a for a, b in zip(times[before:], times[before + 1:], strict=False))
+        for k in range(before + 1, len(times)):  # per DATA frame: no slices, no zip call
+            gaps.append(times[k] - times[k - 1])
         req.sse_events = req.chunks = len(times)
         if gaps:
             req.chunk_gaps_ns = gaps
