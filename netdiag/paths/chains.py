@@ -96,7 +96,7 @@ COUPLING_MAX = 0.5
 """Largest spread (interquartile range) of a pair's steadier offset, as a share of the
 median gap between successive parents (what pairing by chance gives), for timing
 alone to infer a proxy."""
-AMBIGUITY_MS = 0.1
+AMBIGUITY_MS: Final = 0.1
 """An alternative assignment within this cost (milliseconds of timing) of the chosen
 one leaves the link ``ambiguous``."""
 VIABLE_SHARE = 0.5 * PROXY_MIN_SHARE
@@ -177,24 +177,24 @@ shift reaches children whose own candidates were all weighed."""
 MAX_CANDIDATES_DEEP = 16 * MAX_CANDIDATES
 """The largest cap a child's candidates are raised to where the cap may have decided
 its link; a child still so at it is linked ``ambiguous``."""
-_SCAN_DIRECT = 64
+_SCAN_DIRECT: Final = 64
 """Parents in a child's range of starts at most which :meth:`_Linker._every` tests one
 by one rather than by the block walk."""
-MAX_SCAN = 1024
+MAX_SCAN: Final = 1024
 """Requests of a parent group stepped over (not containing the child) per child and
 parent group before a walk stops: one request whose window spans the capture (an answer
 that never came) cannot make linking quadratic."""
 REQUEST_ID_HEADERS = ("x-request-id", "x-correlation-id", "request-id")
 """Request headers whose equal values tie an upstream request to its cause."""
 
-_LATE_PENALTY_MS = 1000.0
-_METHOD_PENALTY_MS = 50.0
-_PATH_PENALTY_MS = 20.0
-_SIZE_PENALTY_MS = 5.0
-_ADDRESS_BONUS_MS = 0.5
-_RID_COST = -1e9
-_INF = float("inf")
-_NO_EDGE = object()
+_LATE_PENALTY_MS: Final = 1000.0
+_METHOD_PENALTY_MS: Final = 50.0
+_PATH_PENALTY_MS: Final = 20.0
+_SIZE_PENALTY_MS: Final = 5.0
+_ADDRESS_BONUS_MS: Final = 0.5
+_RID_COST: Final = -1e9
+_INF: Final = float("inf")
+_NO_EDGE: Final = object()
 _NO_CHILDREN: Final[list[Node]] = []
 """The children of every node that caused none (:attr:`Node.children`; never written
 to)."""
@@ -847,7 +847,7 @@ def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
             break
 
 
-_MATCH_VALUE = 1e6
+_MATCH_VALUE: Final = 1e6
 """Value of one link in the ordered assignment: more links first, then less cost."""
 
 
@@ -898,7 +898,7 @@ def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
     return taken
 
 
-DECISIVE_MS = 2.0
+DECISIVE_MS: Final = 2.0
 """A link at least this much cheaper (ms of timing, or a body size, path or method that
 differs) than the child's and the parent's every other free choice is taken before
 arrival order is consulted."""

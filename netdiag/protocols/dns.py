@@ -70,11 +70,11 @@ _MEMO_TYPES: Final = frozenset({_A, _AAAA, 16, 64, 65, 257})
 or a name dnspython reads only uncompressed), memoised by them."""
 _MAX_POINTERS = dns.name.MAX_COMPRESSION_POINTER_CHAIN
 
-_SAFE_LABELS = re.compile(rb"[!#%&'*+,\-/0-9:<=>?A-Z\[\]^_`a-z{|}~]*")
+_SAFE_LABELS: Final = re.compile(rb"[!#%&'*+,\-/0-9:<=>?A-Z\[\]^_`a-z{|}~]*")
 """Label bytes that dnspython prints unescaped (printable ASCII less ``"().;\\@$``)."""
 
 _ROOT = dns.name.root
-_MEMO_SIZE = 4096
+_MEMO_SIZE: Final = 4096
 MAX_WARNINGS = 200
 """Warnings kept per list; after that one notice, and the rest are only counted."""
 

@@ -37,7 +37,7 @@ only when an error is raised.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from hpack.exceptions import (
     HPACKDecodingError,
@@ -61,11 +61,11 @@ DEFAULT_MAX_HEADER_LIST_SIZE = 1 << 16
 """hpack's default ``max_header_list_size``."""
 VARINT_MAX_LENGTH = 5
 """hpack reads at most this many bytes after an integer's prefix byte."""
-ENTRY_OVERHEAD = 32
+ENTRY_OVERHEAD: Final = 32
 """RFC 7541 4.1: an entry's size is its name and value lengths plus 32."""
-MEMO_MAX_ENTRIES = 4096
+MEMO_MAX_ENTRIES: Final = 4096
 """Huffman strings kept decoded (the least recently used goes first)."""
-MEMO_MAX_LEN = 96
+MEMO_MAX_LEN: Final = 96
 """Longest Huffman string (encoded bytes) memoised: the memo holds at most
 MEMO_MAX_ENTRIES * (MEMO_MAX_LEN + 8 * MEMO_MAX_LEN / 5) bytes of strings."""
 _COMPACT_AT = 32
@@ -230,7 +230,7 @@ def _build_huffman() -> tuple[bytes, list[bytes], bytes]:
 
 _H_NEXT, _H_OUT, _H_ACCEPT = _build_huffman()
 
-_memo: dict[bytes, bytes] = {}
+_memo: Final[dict[bytes, bytes]] = {}
 """Huffman strings decoded lately (encoded -> decoded), least recently used first."""
 
 

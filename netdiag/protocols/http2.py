@@ -156,7 +156,7 @@ SHARED_HEADERS_MAX = 1 << 14
 (``:method: GET``, ``content-type: ...``): a big capture repeats the same fields millions
 of times. Fields with values longer than :data:`SHARED_VALUE_MAX` are never shared;
 once full, the cache stops growing (nothing depends on it but memory)."""
-SHARED_VALUE_MAX = 96
+SHARED_VALUE_MAX: Final = 96
 _shared_headers: dict[tuple[bytes, bytes], Any] = {}
 """The shared ``(name, value)`` tuples of ``str``, by the field's bytes (values typed
 ``Any``, see :func:`_text_pair`: compiled, the module then hands on these very tuple
@@ -267,7 +267,7 @@ FC_WORK_BASE = 1 << 18
 """Flow-control bookkeeping steps (stalls started or ended, streams visited) allowed per
 connection before counting frames; each frame allows :data:`FC_WORK_PER_FRAME` more.
 Beyond, flow control is no longer tracked (``limits_hit["http2_flow_control"]``)."""
-FC_WORK_PER_FRAME = 64
+FC_WORK_PER_FRAME: Final = 64
 """Flow-control bookkeeping steps each frame adds to the allowance."""
 FC_INDEX_OVER = 64
 """With more streams open than this, the streams whose stall may change are found

@@ -80,10 +80,10 @@ from typing import Final
 
 from netdiag.records import Request
 
-CONTROL_MAX_PLAINTEXT = 9
+CONTROL_MAX_PLAINTEXT: Final = 9
 """Plaintext sizes up to this are control (SETTINGS ACK, alerts, HTTP/1.1 ``0\\r\\n\\r\\n``)."""
 
-CONTROL_PLAINTEXT_SIZES = frozenset({13, 22, 26, 35, 39})
+CONTROL_PLAINTEXT_SIZES: Final = frozenset({13, 22, 26, 35, 39})
 """Other plaintext sizes taken as HTTP/2 control: WINDOW_UPDATE/RST_STREAM (13) and
 their combinations with each other and with a SETTINGS ACK (9)."""
 

@@ -136,9 +136,9 @@ _BLOCK_CIPHERS: dict[str, Callable[[bytes], BlockCipherAlgorithm]] = {
 """The block cipher of each CBC suite's ``CipherSpec.cipher``."""
 _MAX_FRAGMENT: Final = 0xFFFF
 """Longest record body the 2-byte record length allows."""
-_HEADER13 = struct.Struct("!BHH")
+_HEADER13: Final = struct.Struct("!BHH")
 """TLS 1.3 additional data: the record header (type, version, length)."""
-_AAD12 = struct.Struct("!QBHH")
+_AAD12: Final = struct.Struct("!QBHH")
 """TLS <= 1.2 additional data and MAC prefix: sequence number, type, version, length."""
 # How a TLS <= 1.2 suite protects its records (TlsDecryptor._kind12).
 _EXPLICIT_NONCE: Final = 0
