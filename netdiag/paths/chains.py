@@ -81,6 +81,7 @@ from heapq import heappush, heapreplace
 from itertools import pairwise
 from typing import Any, Final
 
+from netdiag.analysis.stats import quantile
 from netdiag.paths.endpoint import split_endpoint
 from netdiag.records import Connection, Request
 
@@ -692,22 +693,20 @@ class _PairStats:
         return spread / max(min(scales) if scales else 0.0, 0.001)
 
 
-def _quantile(sorted_vals: Sequence[float], q: float) -> float:
-    from netdiag.analysis.stats import quantile
-
-    return quantile(list(sorted_vals), q)
-
-
 def _stats(edges: Sequence[_Edge]) -> _PairStats:
-    so = sorted(e.so for e in edges)
-    eo = sorted(e.eo for e in edges if e.eo is not None)
-    sl = sorted(e.slack for e in edges if e.slack is not None)
+    so = sorted([e.so for e in edges])
+    eo = sorted([e.eo for e in edges if e.eo is not None])
+    sl = sorted([e.slack for e in edges if e.slack is not None])
+    address = 0
+    for e in edges:
+        if e.address:
+            address += 1
     return _PairStats(
-        len(edges), _quantile(so, 0.5), _quantile(so, 0.75) - _quantile(so, 0.25),
-        _quantile(eo, 0.5) if eo else None,
-        (_quantile(eo, 0.75) - _quantile(eo, 0.25)) if eo else None,
-        _quantile(sl, 0.5) if sl else None,
-        sum(1 for e in edges if e.address) / len(edges))
+        len(edges), quantile(so, 0.5), quantile(so, 0.75) - quantile(so, 0.25),
+        quantile(eo, 0.5) if eo else None,
+        (quantile(eo, 0.75) - quantile(eo, 0.25)) if eo else None,
+        quantile(sl, 0.5) if sl else None,
+        address / len(edges))
 
 
 def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
