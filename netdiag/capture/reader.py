@@ -3,7 +3,8 @@
 This is the first stage of the hot path, so it is written for speed and bounded
 memory: the file is read in chunks of :data:`CHUNK_SIZE` bytes, records are cut out of
 an immutable ``bytes`` chunk with one ``struct`` call per packet, and only the partial
-record at the end of a chunk is carried over to the next one. A record that claims
+record at the end of a chunk is carried over to the next one (a plain local file reads
+it again with the next chunk, ``os.pread``: one copy of each byte, not two). A record that claims
 more bytes than exist never causes that much to be allocated: data is read chunk by
 chunk until the claim is met or the file ends.
 
