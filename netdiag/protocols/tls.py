@@ -116,15 +116,15 @@ class RecordSink(Protocol):
     """Receives every complete record of a :class:`TlsAnalyzer` (a callable)."""
 
     def __call__(self, direction: int, content_type: int, version: int,
-                 fragment: bytearray | None, first_ts_ns: int, last_ts_ns: int,
+                 fragment: bytes | bytearray | None, first_ts_ns: int, last_ts_ns: int,
                  first_packet: int, pieces: Pieces | None) -> None:
         """One complete record of ``direction``, after the analyzer processed it.
 
         ``version`` is the record header's (``0x0303``...). ``fragment`` is the
         record body when it was collected (plaintext handshake records and the first
         alert, or every record while ``keep_bodies`` is set), else None (also when
-        part of it was never captured); the sink owns it (the analyzer keeps no
-        reference). ``first_ts_ns``/``first_packet`` are those of the segment that
+        part of it was never captured): ``bytes`` when one segment carried it all,
+        else a ``bytearray``; the sink owns it (the analyzer keeps no reference). ``first_ts_ns``/``first_packet`` are those of the segment that
         carried the header's first byte, ``last_ts_ns`` that of the record's last
         byte. ``pieces`` (with ``keep_bodies``) maps the body to the segments that
         carried it.
@@ -188,7 +188,7 @@ class _Side:
     def __init__(self) -> None:
         self.left = 0
         """Body bytes of the current record not yet seen (0: a header comes next)."""
-        self.body: bytearray | None = None
+        self.body: bytes | bytearray | None = None
         """Body of the current record being collected, None when skipped."""
         self.hdr = bytearray()
         """Carry of a record header split across segments (< 5 bytes)."""
@@ -453,10 +453,10 @@ class TlsAnalyzer:
         while True:
             if left:
                 avail = n - i
-                body = side.body
+                body = side.body  # a bytearray while gathered (bytes: see below)
                 if avail < left:
                     # The segment ends inside this record's body.
-                    if body is not None:
+                    if isinstance(body, bytearray):
                         pieces = side.pieces
                         if pieces is not None:
                             pieces.append((len(body), ts_ns, packet))
@@ -464,7 +464,7 @@ class TlsAnalyzer:
                     side.left = left - avail
                     side.last_ts = ts_ns
                     return
-                if body is not None:
+                if isinstance(body, bytearray):
                     pieces = side.pieces
                     if pieces is not None:
                         pieces.append((len(body), ts_ns, packet))
@@ -509,6 +509,17 @@ class TlsAnalyzer:
             side.last_ts = ts_ns
             side.records += 1
             if self.keep_bodies:
+                if 0 < length <= n - i:
+                    # The whole record in this segment (the usual case): its body is one
+                    # slice, not gathered piece by piece.
+                    side.body = data[i:i + length]
+                    side.pieces = [(0, ts_ns, packet)]
+                    i += length
+                    side.left = left = 0
+                    self._complete(side, direction, ts_ns)
+                    if not side.alive:
+                        return
+                    continue
                 side.body = bytearray()
                 side.pieces = []
             elif (ctype == CT_HANDSHAKE and side.hs_alive and not side.encrypted) or (
@@ -648,7 +659,7 @@ class TlsAnalyzer:
                 rtt = max(self._sh_ts - self._last_ch_ts, 0)
                 infer.arm_tail(last_ts + 2 * rtt + self.tail_gap_ns)
 
-    def _on_alert(self, side: _Side, direction: int, body: bytearray | None) -> None:
+    def _on_alert(self, side: _Side, direction: int, body: bytes | bytearray | None) -> None:
         if self.info.alert is not None or body is None:
             return
         name = _SIDES[direction]
@@ -661,7 +672,7 @@ class TlsAnalyzer:
 
     # -- handshake messages ---------------------------------------------------------
 
-    def _on_handshake_fragment(self, side: _Side, direction: int, frag: bytearray,
+    def _on_handshake_fragment(self, side: _Side, direction: int, frag: bytes | bytearray,
                                first_ts: int, pkt: int) -> None:
         """One plaintext handshake record's body: cut it into handshake messages."""
         view = memoryview(frag)

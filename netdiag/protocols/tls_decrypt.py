@@ -200,7 +200,7 @@ class DecryptingTlsAnalyzer:
 
     # -- the record sink ----------------------------------------------------------------
     def _record(self, direction: int, content_type: int, version: int,
-                fragment: bytearray | None, first_ts_ns: int, last_ts_ns: int,
+                fragment: bytes | bytearray | None, first_ts_ns: int, last_ts_ns: int,
                 first_packet: int, pieces: Pieces | None) -> None:
         """One complete record from :attr:`tls` (its ``record_sink``)."""
         state = self._state
