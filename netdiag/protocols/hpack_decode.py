@@ -72,7 +72,7 @@ _COMPACT_AT = 32
 """Dead entries at the head of the dynamic table's list before it is compacted (when
 they are also half of it)."""
 
-STATIC_TABLE: tuple[tuple[bytes, bytes], ...] = (
+STATIC_TABLE: Final[tuple[tuple[bytes, bytes], ...]] = (
     (b":authority", b""),
     (b":method", b"GET"),
     (b":method", b"POST"),

@@ -124,10 +124,10 @@ class RecordSink(Protocol):
         record body when it was collected (plaintext handshake records and the first
         alert, or every record while ``keep_bodies`` is set), else None (also when
         part of it was never captured): ``bytes`` when one segment carried it all,
-        else a ``bytearray``; the sink owns it (the analyzer keeps no reference). ``first_ts_ns``/``first_packet`` are those of the segment that
-        carried the header's first byte, ``last_ts_ns`` that of the record's last
-        byte. ``pieces`` (with ``keep_bodies``) maps the body to the segments that
-        carried it.
+        else a ``bytearray``; the sink owns it (the analyzer keeps no reference).
+        ``first_ts_ns``/``first_packet`` are those of the segment that carried the
+        header's first byte, ``last_ts_ns`` that of the record's last byte. ``pieces``
+        (with ``keep_bodies``) maps the body to the segments that carried it.
         """
 
 
