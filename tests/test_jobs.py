@@ -277,6 +277,34 @@ def test_shard_of_is_direction_independent_and_spreads() -> None:
     assert min(counts) > 900
 
 
+def _reference_hash(key: bytes) -> int:
+    """The documented hash of ``flow_hash`` in plain integers: the lower end point
+    (address bytes, then port) first, as 16-bit words of a polynomial modulo 2**31 - 1."""
+    alen = (len(key) - 4) // 2
+    a, b = key[:alen], key[alen:2 * alen]
+    pa, pb = key[2 * alen:2 * alen + 2], key[2 * alen + 2:]
+    first, second = sorted([(a, pa), (b, pb)])
+    h = 0
+    for addr, port in (first, second):
+        for i in range(0, alen, 2):
+            h = (h * 1_000_003 + int.from_bytes(addr[i:i + 2], "big")) % ((1 << 31) - 1)
+        h = (h * 1_000_003 + int.from_bytes(port, "big")) % ((1 << 31) - 1)
+    return h
+
+
+def test_shard_of_is_the_documented_hash_at_every_size() -> None:
+    """The compiled hash runs in 64-bit integers: it must give the plain-integer value,
+    largest addresses and ports included, IPv4 and IPv6 (and so the same shard in every
+    process and core)."""
+    rng = random.Random(7)
+    keys = [b"\xff" * 12, b"\x00" * 12, b"\xff" * 36, b"\x00" * 34 + b"\xff\xff"]
+    keys += [rng.randbytes(n) for n in (12, 36) for _ in range(500)]
+    keys += [a * 4 + a * 4 + rng.randbytes(4) for a in (b"\x7f", b"\xfe")]  # equal addresses
+    for key in keys:
+        for shards in (2, 3, 7, (1 << 31) - 1):
+            assert shard_of(key, shards) == _reference_hash(key) % shards, key.hex()
+
+
 def test_shards_see_every_packet_and_keep_their_flows() -> None:
     def table(shard_: tuple[int, int] | None) -> tuple[FlowTable, list[Connection], list[int]]:
         done: list[Connection] = []
