@@ -427,23 +427,10 @@ _CDNS = ("cloudflare", "cloudfront", "fastly", "akamai", "google")
 _FASTLY_NODE = re.compile(r"cache-[a-z0-9]+(?:-[a-z0-9]+)*", re.IGNORECASE)
 
 
-_SERVER_NAME_MEMO: dict[str, str | None] = {}
-_SERVER_NAME_MEMO_MAX = 4096
-"""``server`` header values recognised so far (a capture repeats a few; the memo
-stops growing at this size, whatever the capture sends)."""
-
-
+@functools.lru_cache(maxsize=4096)
 def _server_name(value: str) -> str | None:
-    memo = _SERVER_NAME_MEMO
-    if value in memo:
-        return memo[value]
-    name = _server_name_of(value)
-    if len(memo) < _SERVER_NAME_MEMO_MAX:
-        memo[value] = name
-    return name
-
-
-def _server_name_of(value: str) -> str | None:
+    """The edge a ``server`` header value names, remembered per value (a capture repeats
+    a few; the cache is bounded, whatever the capture sends)."""
     v = value.strip().lower()
     for needle, name in _SERVER_NAMES:
         if needle in _EXACT:

@@ -305,13 +305,14 @@ def test_server_names_are_remembered_within_a_bound() -> None:
     bound nor changes a name: a value remembered or not is named the same."""
     from netdiag.paths import edge
 
-    cap = edge._SERVER_NAME_MEMO_MAX
+    cap = edge._server_name.cache_info().maxsize
+    assert cap is not None
     values = [f"cloudflare-{i}" if i % 3 else f"acme/{i}" for i in range(cap + 500)]
     for _ in range(2):  # the second pass reads the values remembered, then the others
         for v in values:
             expected = [("cloudflare", f"server: {v}")] if v.startswith("cloudflare") else []
             assert header_signals([("Server", v)]) == expected
-        assert len(edge._SERVER_NAME_MEMO) <= cap
+        assert edge._server_name.cache_info().currsize <= cap
 
 
 # --------------------------------------------------------------------------- ranges
