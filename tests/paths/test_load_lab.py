@@ -30,13 +30,16 @@ pytestmark = [pytest.mark.slow, LIVE]
 
 RAMP = (8.0, 50.0, 36.0)
 """From, to (req/s per path), duration (s): a long quiet start (the low-load level), then
-past the budget by 1.7x. Long enough for the knee's bootstrap to hold on a loaded machine:
-over 24 s, one CI run found no median knee in 83 of 400 resamples (the limit is 80,
-``knee.MAX_FAILED_SHARE``), where other runs found none in 7 to 30; over 32 to 36 s, in
-7 to 23 (five runs, three beside two CPU burners)."""
+past the budget by 1.7x."""
 BUDGET = 30.0
 """The router's token budget (req/s); its queue holds up to 400 requests."""
-INTERVAL_S = 0.5
+INTERVAL_S = 1.0
+"""The report's interval. An interval's rate is a Poisson count, sd ``sqrt(rate /
+interval)``: 7.7 req/s at the budget over 0.5 s, blurring the order of the intervals by
+rate over a sixth of the ramp, and the share blurred falls only with the square root of
+the interval (a longer ramp adds intervals, not order). Over 0.5 s, 22 knees of eleven
+ramps (six beside two CPU burners) found none in 1 to 80 of 400 resamples (the limit is
+80, ``knee.MAX_FAILED_SHARE``); the same captures over 1 s, in 0 to 30."""
 EDGE_S = 0.005
 """A request sent this close to an interval's edge may fall on either side of it: the
 client's clock is read just before the request is written, the capture's when the packet
