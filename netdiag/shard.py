@@ -56,7 +56,7 @@ from typing import Any
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import NoSummary, SummaryBuilder
 from netdiag.capture.reader import CaptureReader
-from netdiag.gcpolicy import settle
+from netdiag.gcpolicy import Settler, settle
 from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_limits
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
@@ -161,17 +161,20 @@ class _Recorder:
         pre = hasattr(sink, "dns_rendered") and hasattr(sink, "connection_rendered")
         self.render_dns = getattr(sink, "render_dns", None) if pre else None
         self.render_connection = getattr(sink, "render_connection", None) if pre else None
+        self.settler = Settler()  # a shard keeps every record until its output is sent
 
     def dns(self, t: DnsTransaction) -> None:
         run = self.run
         render = self.render_dns
         run.events.append((run.position(), DNS, t, None if render is None else render(t)))
+        self.settler.kept()
 
     def connection(self, c: Connection) -> None:
         run = self.run
         render = self.render_connection
         run.events.append((run.position(), CONNECTION, c,
                            None if render is None else render(c)))
+        self.settler.kept()
 
 
 class ShardRun(_Run):

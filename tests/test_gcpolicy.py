@@ -117,6 +117,40 @@ def test_the_counting_sees_cyclic_garbage() -> None:
     assert _count_in_child("self-check") >= 4000
 
 
+def test_a_settler_freezes_the_records_a_sink_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``SETTLE_EVERY`` records kept, all of them are moved out of the collector's
+    reach (a young collection would walk them all); those kept since are not yet."""
+    from netdiag import gcpolicy
+    from netdiag.pipeline import Options, analyze
+    from netdiag.records import Connection, DnsTransaction
+    from netdiag.report.records_out import CollectingSink
+
+    class Ordered(CollectingSink):
+        def __init__(self) -> None:
+            super().__init__(gcpolicy.Settler())
+            self.order: list[object] = []
+
+        def dns(self, t: DnsTransaction) -> None:
+            self.order.append(t)
+            super().dns(t)
+
+        def connection(self, c: Connection) -> None:
+            self.order.append(c)
+            super().connection(c)
+
+    monkeypatch.setattr(gcpolicy, "SETTLE_EVERY", 7)
+    sink = Ordered()
+    try:
+        analyze([str(CAPTURE)], sink, Options())
+        tracked = {id(o) for o in gc.get_objects()}
+        settled = len(sink.order) // 7 * 7
+        assert settled >= 14
+        assert not [r for r in sink.order[:settled] if id(r) in tracked]
+        assert all(id(r) in tracked for r in sink.order[settled:])
+    finally:
+        gc.unfreeze()
+
+
 if __name__ == "__main__":
     what, rest = sys.argv[1], sys.argv[2:]
     if what == "shipped":

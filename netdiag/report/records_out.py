@@ -7,6 +7,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.contract import Document
+from netdiag.gcpolicy import Settler
 from netdiag.records import Connection, DnsTransaction
 from netdiag.report.json_out import Records
 from netdiag.result import Result
@@ -36,15 +37,21 @@ def _line(obj: dict[str, Any]) -> str:
 class CollectingSink:
     """Keeps every record, for the whole-document JSON and the terminal report."""
 
-    def __init__(self) -> None:
+    def __init__(self, settler: Settler | None = None) -> None:
         self.dns_records: list[DnsTransaction] = []
         self.connections: list[Connection] = []
+        self.settler = settler
+        """Told of each record kept (an analyzing command's: ``netdiag.gcpolicy``)."""
 
     def dns(self, t: DnsTransaction) -> None:
         self.dns_records.append(t)
+        if self.settler is not None:
+            self.settler.kept()
 
     def connection(self, c: Connection) -> None:
         self.connections.append(c)
+        if self.settler is not None:
+            self.settler.kept()
 
     def document(self, result: Result, headers: bool = False, lazy: bool = False) -> Document:
         """The contract's single JSON object (``headers``: decoded HTTP headers too;
