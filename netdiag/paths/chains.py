@@ -300,6 +300,17 @@ class Node:
     """Set by the linker: the address its connection's client sent from (no port)."""
     server_ip: str = ""
     """Set by the linker: the address its connection's server listens on (no port)."""
+    same_rid: dict[tuple[Any, ...], list[Node]] | None = None
+    """Set by the linker once asked: per parent group, the requests with its request id
+    that contain it (:meth:`_Linker._same_rid`)."""
+    left_out: list[tuple[float, int, bool, float] | None] | None = None
+    """Set by the linker's rounds: per parent group of its group (in the order of
+    :attr:`_Linker.pairs_of`), what the last round left out (:meth:`_Linker.left_out_of`)."""
+    kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
+    """Set by the linker's rounds: per parent group of its group (in the order of
+    :attr:`_Linker.pairs_of`), the links a round kept and how (:meth:`_Linker._links`).
+    Kept on the node, not in a map over all children and groups: reached with the node,
+    not through a large table's scattered entries."""
 
     def __init__(self, conn: Connection, index: int, req: Request, ts_ns: int, fb_ns: int | None,
                  end_ns: int, window_end_ns: int, server: str, conn_id: str,
@@ -309,7 +320,11 @@ class Node:
                  candidates: int = 0, syn_first_ns: int | None = None,
                  from_parent_address: bool = False, opened: bool = False, num: int = 0,
                  ranks: tuple[int, int, int, int] = (0, 0, 0, 0), taken_in: int = 0,
-                 client_ip: str = "", server_ip: str = "") -> None:
+                 client_ip: str = "", server_ip: str = "",
+                 same_rid: dict[tuple[Any, ...], list[Node]] | None = None,
+                 left_out: list[tuple[float, int, bool, float] | None] | None = None,
+                 kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
+                 ) -> None:
         self.conn = conn
         self.index = index
         self.req = req
@@ -335,6 +350,9 @@ class Node:
         self.taken_in = taken_in
         self.client_ip = client_ip
         self.server_ip = server_ip
+        self.same_rid = same_rid
+        self.left_out = left_out
+        self.kept = kept
 
     @classmethod
     def of(cls, conn: Connection, index: int, req: Request) -> Node:
@@ -1334,11 +1352,6 @@ class _Linker:
         self.declared_pairs: set[tuple[Any, Any]] = set()
         """Pairs with a declared candidate (the hop order, or a parent a profile
         matched)."""
-        self.left_out: dict[int, tuple[float, int, bool, float]] = {}
-        """Per child and parent group (:meth:`slot`), of the last round: (lower bound of
-        the cost of the candidates it left out, candidates costed, all of them, where the
-        dearer half of those kept begins: read only where not all, and for a child whose
-        candidates were all kept, left from the round that first found them)."""
         self.cap: dict[int, int] = {}
         """Per child and parent group (:meth:`slot`), its cap where doubled
         (:meth:`assign`)."""
@@ -1353,8 +1366,6 @@ class _Linker:
         self._groups: dict[tuple[Any, ...], list[Node]] = {}
         self._subsets: dict[tuple[Any, ...], _Parents] = {}
         self._rid_index: dict[str, tuple[list[Node], list[int], list[int], list[int]]] = {}
-        self._same: dict[int, dict[tuple[Any, ...], list[Node]]] = {}
-        """:meth:`_same_rid` by child number."""
         self._edges: dict[int, _Edge | None] = {}
         """Candidate links built, by ``parent.num * len(nodes) + child.num``."""
         self.built = 0
@@ -1366,8 +1377,6 @@ class _Linker:
         self._subsets_made = 0
         self._estimates_run = 0
         """First estimates run so far (:attr:`Node.taken_in`)."""
-        self._kept: dict[int, tuple[str, list[_Edge], list[_Edge] | None]] = {}
-        """Per child and parent group (:meth:`slot`), the links a round kept and how."""
         # one tuple per distinct group and kind, shared by the nodes (dictionary keys
         # then compare by identity first)
         shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -1388,6 +1397,32 @@ class _Linker:
             n.kind = shared.setdefault(k, k)
             n.rid = request_id(n.req)
             n.resp = is_resp(n.conn, n.req)
+
+    def left_out_of(self, u: Node, pg: tuple[Any, ...]) -> tuple[float, int, bool, float] | None:
+        """Of child ``u`` and parent group ``pg``, in the last round: (lower bound of the
+        cost of the candidates it left out, candidates costed, all of them, where the
+        dearer half of those kept begins: read only where not all, and for a child whose
+        candidates were all kept, left from the round that first found them); None where
+        the round weighed none of them (:attr:`Node.left_out`)."""
+        lo = u.left_out
+        if lo is None:
+            return None
+        pairs = self.pairs_of[u.group]
+        for j in range(len(pairs)):
+            if pairs[j][0] == pg:
+                return lo[j]
+        return None
+
+    def _put_left_out(self, u: Node, j: int,
+                      value: tuple[float, int, bool, float] | None) -> None:
+        """Set what ``u`` left out with its ``j``-th parent group (None: nothing
+        weighed)."""
+        lo = u.left_out
+        if lo is None:
+            if value is None:
+                return
+            lo = u.left_out = [None] * len(self.pairs_of[u.group])
+        lo[j] = value
 
     def slot(self, u: Node, pg: tuple[Any, ...]) -> int:
         """The integer that stands for child ``u`` and parent group ``pg`` in the maps of
@@ -1508,12 +1543,13 @@ class _Linker:
         start order: however far back they began (the newest :data:`MAX_SCAN` that began
         before it: an id repeated without end costs no more). Read only: a child without
         an id, or whose id no parent request carries, shares one empty map."""
-        urid = u.rid
-        if urid is None or urid not in self._rid_index:
-            return _NO_SAME
-        got = self._same.get(u.num)
+        got = u.same_rid
         if got is not None:
             return got
+        urid = u.rid
+        if urid is None or urid not in self._rid_index:
+            u.same_rid = _NO_SAME
+            return _NO_SAME
         out: dict[tuple[Any, ...], list[Node]] = {}
         same, starts, ends, blocks = self._rid_index[urid]
         top = _after(starts, u.ts_ns)
@@ -1523,7 +1559,7 @@ class _Linker:
                 out.setdefault(p.group, []).append(p)
         for lst in out.values():
             lst.reverse()
-        self._same[u.num] = out
+        u.same_rid = out
         return out
 
     def _edge_of(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
@@ -1733,7 +1769,8 @@ class _Linker:
         for it, while some were left out) its cap is doubled and its assignment run
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
-        lists: dict[int, list[_Edge]] = {}
+        lists: list[list[_Edge]] = []
+        keys: list[int] = []  # the slot of each of ``lists``
         pairs_of = self.pairs_of
         # how each pair is linked this round, asked once per pair rather than per child
         hows = {cg: ["rid" if hopeless else mode((pg, cg))
@@ -1750,66 +1787,83 @@ class _Linker:
                 if hopeless and no_id:  # no link to weigh (:meth:`_links`)
                     continue
                 key = slot | num
-                kept = self._links(u, pg, key, declared, hopeless, how_of[j], stats)
+                kept = self._links(u, pg, key, j, declared, hopeless, how_of[j], stats)
                 if kept is not None:
-                    lists[key] = kept
-        edges = [e for lst in lists.values() for e in lst]
+                    lists.append(kept)
+                    keys.append(key)
+        edges = [e for lst in lists for e in lst]
         self.weighed += len(edges)
         matchings = _matching(edges, stats, second, by_kind)
+        where: dict[int, int] | None = None
         while True:
             deep: list[int] = []
-            for key, (_bound, _found, complete, half) in self.left_out.items():
-                if complete:
+            for u in self.nodes:
+                lo = u.left_out
+                if lo is None:
                     continue
-                u, pg = self._of_slot(key)
-                gk = (pg, u.kind if by_kind else u.group)
-                e = matchings.get(gk, {}).get(id(u))
-                if e is None or (not e.rid and e.cost >= half):
-                    deep.append(key)
+                pairs = pairs_of[u.group]
+                for j in range(len(lo)):
+                    entry = lo[j]
+                    if entry is None or entry[2]:
+                        continue
+                    pg = pairs[j][0]
+                    gk = (pg, u.kind if by_kind else u.group)
+                    e = matchings.get(gk, {}).get(id(u))
+                    if e is None or (not e.rid and e.cost >= entry[3]):
+                        deep.append(pairs[j][3] | u.num)
             self.capped = {k for k in deep if self.cap.get(k, MAX_CANDIDATES)
                            >= MAX_CANDIDATES_DEEP}
             if len(self.capped) == len(deep):
                 return matchings, edges
             redo: set[tuple[Any, Any]] = set()
+            if where is None:
+                where = {key: i for i, key in enumerate(keys)}
             for key in deep:
                 if key in self.capped:
                     continue
                 u, pg = self._of_slot(key)
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
                 declared, hopeless = self.pair_info[(pg, u.group)]
-                kept = self._links(u, pg, key, declared, hopeless,
+                j = [e[0] for e in self.pairs_of[u.group]].index(pg)
+                kept = self._links(u, pg, key, j, declared, hopeless,
                                    "rid" if hopeless else mode((pg, u.group)), stats)
                 assert kept is not None
-                self.weighed += len(kept) - len(lists[key])
-                lists[key] = kept
+                i = where[key]
+                self.weighed += len(kept) - len(lists[i])
+                lists[i] = kept
                 redo.add((pg, u.kind if by_kind else u.group))
-            edges = [e for lst in lists.values() for e in lst]
+            edges = [e for lst in lists for e in lst]
             matchings.update(_matching(
                 [e for e in edges if (e.pgroup, e.kind if by_kind else e.cgroup) in redo],
                 stats, second, by_kind))
 
-    def _links(self, u: Node, pg: tuple[Any, ...], key: int, declared: bool, hopeless: bool,
-               how: str, stats: Mapping[tuple[Any, Any], _PairStats]) -> list[_Edge] | None:
+    def _links(self, u: Node, pg: tuple[Any, ...], key: int, j: int, declared: bool,
+               hopeless: bool, how: str, stats: Mapping[tuple[Any, Any], _PairStats]
+               ) -> list[_Edge] | None:
         """The candidate links of one child in one parent group that a round weighs:
         the parents with the child's request id and its cheapest others under ``stats``
         (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
-        pair has none to weigh. ``key`` is the child's and group's :meth:`slot`; ``how``
+        pair has none to weigh. ``key`` is the child's and group's :meth:`slot`, ``j``
+        the group's place in the child group's :attr:`pairs_of`; ``how``
         the pair's mode this round: ``all`` its candidates, ``trusted`` only parents a
         profile matched, ``rid`` only equal request ids (``rid`` where hopeless)."""
         urid = u.rid
         if hopeless and urid is None:
             return None
         cg = u.group
-        hit = self._kept.get(key)
+        store = u.kept
+        hit = store[j] if store is not None else None
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
             if all_kept is None:
-                self.left_out.pop(key, None)
-            else:  # all kept: its ``half`` is never read (:attr:`left_out`)
-                cur = self.left_out.get(key)
+                self._put_left_out(u, j, None)
+            else:  # all kept: its ``half`` is never read (:meth:`left_out_of`)
+                lo = u.left_out
+                cur = lo[j] if lo is not None else None
                 n = len(all_kept)
                 if cur is None or not cur[2] or cur[1] != n or cur[0] != _INF:
-                    self.left_out[key] = (_INF, n, True, _half(all_kept, stats.get((pg, cg))))
+                    self._put_left_out(u, j, (_INF, n, True,
+                                              _half(all_kept, stats.get((pg, cg)))))
             return was_kept
         kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
                 if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
@@ -1821,18 +1875,20 @@ class _Linker:
             every = self._every(u, sub, pg, cg, declared, cap)
             if every is not None:  # all its candidates fit the cap: no walk needed
                 kept += every
-                self.left_out[key] = (_INF, len(every), True, _half(every, st))
+                self._put_left_out(u, j, (_INF, len(every), True, _half(every, st)))
             else:
                 cheapest, bound, found, complete, half = self._cheapest(
                     u, sub, pg, cg, declared, st, cap)
                 kept += cheapest
-                self.left_out[key] = (bound, found, complete, half)
+                self._put_left_out(u, j, (bound, found, complete, half))
         else:
-            self.left_out.pop(key, None)
+            self._put_left_out(u, j, None)
         if len(kept) > 1:
             kept.sort(key=lambda e: e.parent.ranks[0], reverse=True)  # newest start first
         if how == "rid" or every is not None:  # whatever the statistics: kept for later
-            self._kept[key] = (how, kept, every)
+            if store is None:
+                store = u.kept = [None] * len(self.pairs_of[cg])
+            store[j] = (how, kept, every)
         return kept
 
     def _every(self, u: Node, sub: _Parents, pg: tuple[Any, ...], cg: tuple[Any, ...],
@@ -1993,7 +2049,8 @@ class _Linker:
     def rounds_done(self) -> None:
         """Drop what only the assignment rounds reuse (:meth:`_links`, :meth:`_every`):
         the last round has run, and the links are labelled next."""
-        self._kept.clear()
+        for n in self.nodes:
+            n.kept = None
         self._every_cache.clear()
 
     def walked(self) -> int:
@@ -2038,7 +2095,9 @@ class _Linker:
             how = "rid" if info[1] else mode((pg, e.cgroup))
             if how == "rid":
                 continue
-            _bound, found, complete, _half = self.left_out[self.slot(u, pg)]
+            lo = self.left_out_of(u, pg)
+            assert lo is not None
+            _bound, found, complete, _half = lo
             if complete:
                 out[q] += found
             else:
@@ -2445,7 +2504,8 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         end = st is not None and st.anchor_is_end
         jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
         slot = linker.slot(u, e.pgroup)
-        left_out = -_INF if slot in linker.capped else linker.left_out.get(slot, (_INF,))[0]
+        lo = linker.left_out_of(u, e.pgroup)
+        left_out = -_INF if slot in linker.capped else _INF if lo is None else lo[0]
         u.link = _label(e, weighed, gk, count, left_out, modes.link_of, end,
                         round(jitter * 1e6))
         u.candidates = count
@@ -2465,6 +2525,9 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         if caller is not None and caller.ts_ns <= c.syn_ns <= opener.ts_ns:
             opener.opened = True
 
+    for n in linker.nodes:  # the linker's caches on the nodes, not kept with the chains
+        n.same_rid = None
+        n.left_out = None
     return Chains(nodes, _proxy_evidence(nodes, second, linker.considered),
                   {"children": sum(1 for n in linker.nodes if linker.pairs_of.get(
                       n.group)),
