@@ -306,6 +306,10 @@ class Node:
     left_out: list[tuple[float, int, bool, float] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
     :attr:`_Linker.pairs_of`), what the last round left out (:meth:`_Linker.left_out_of`)."""
+    as_child: bool = False
+    """Marks the node while :func:`_separate` looks at a set of links (as a child)."""
+    as_parent: bool = False
+    """Marks the node while :func:`_separate` looks at a set of links (as a parent)."""
     kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
     :attr:`_Linker.pairs_of`), the links a round kept and how (:meth:`_Linker._links`).
@@ -323,6 +327,7 @@ class Node:
                  client_ip: str = "", server_ip: str = "",
                  same_rid: dict[tuple[Any, ...], list[Node]] | None = None,
                  left_out: list[tuple[float, int, bool, float] | None] | None = None,
+                 as_child: bool = False, as_parent: bool = False,
                  kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
                  ) -> None:
         self.conn = conn
@@ -352,6 +357,8 @@ class Node:
         self.server_ip = server_ip
         self.same_rid = same_rid
         self.left_out = left_out
+        self.as_child = as_child
+        self.as_parent = as_parent
         self.kept = kept
 
     @classmethod
@@ -963,16 +970,22 @@ def _keep(best: dict[int, list[Any]], key: int, e: _Edge) -> None:
 
 def _separate(edges: Sequence[_Edge]) -> bool:
     """No two edges share a child or a parent (the common case of requests that do not
-    overlap in time)."""
-    children: set[int] = set()
-    parents: set[int] = set()
+    overlap in time). Marks the nodes seen, then clears the marks: no set of ids."""
+    seen = 0
+    separate = True
     for e in edges:
-        c, p = id(e.child), id(e.parent)
-        if c in children or p in parents:
-            return False
-        children.add(c)
-        parents.add(p)
-    return True
+        c, p = e.child, e.parent
+        if c.as_child or p.as_parent:
+            separate = False
+            break
+        c.as_child = True
+        p.as_parent = True
+        seen += 1
+    for k in range(seen):
+        e = edges[k]
+        e.child.as_child = False
+        e.parent.as_parent = False
+    return separate
 
 
 def _assign(edges: list[_Edge], second: bool,
@@ -1770,7 +1783,6 @@ class _Linker:
         again, up to :data:`MAX_CANDIDATES_DEEP`; a child still so at that cap is marked
         (:attr:`capped`: its link is ambiguous)."""
         lists: list[list[_Edge]] = []
-        keys: list[int] = []  # the slot of each of ``lists``
         pairs_of = self.pairs_of
         # how each pair is linked this round, asked once per pair rather than per child
         hows = {cg: ["rid" if hopeless else mode((pg, cg))
@@ -1788,9 +1800,8 @@ class _Linker:
                     continue
                 key = slot | num
                 kept = self._links(u, pg, key, j, declared, hopeless, how_of[j], stats)
-                if kept is not None:
-                    lists.append(kept)
-                    keys.append(key)
+                assert kept is not None  # None only where hopeless without an id
+                lists.append(kept)
         edges = [e for lst in lists for e in lst]
         self.weighed += len(edges)
         matchings = _matching(edges, stats, second, by_kind)
@@ -1817,7 +1828,7 @@ class _Linker:
                 return matchings, edges
             redo: set[tuple[Any, Any]] = set()
             if where is None:
-                where = {key: i for i, key in enumerate(keys)}
+                where = self._list_places()
             for key in deep:
                 if key in self.capped:
                     continue
@@ -1836,6 +1847,20 @@ class _Linker:
             matchings.update(_matching(
                 [e for e in edges if (e.pgroup, e.kind if by_kind else e.cgroup) in redo],
                 stats, second, by_kind))
+
+    def _list_places(self) -> dict[int, int]:
+        """The place of each child and parent group (:meth:`slot`) in a round's lists of
+        links (:meth:`assign` makes one list per pair it visits, in this order)."""
+        where: dict[int, int] = {}
+        for u in self.nodes:
+            pairs = self.pairs_of.get(u.group)
+            if not pairs:
+                continue
+            no_id = u.rid is None
+            for _pg, _declared, hopeless, slot in pairs:
+                if not (hopeless and no_id):
+                    where[slot | u.num] = len(where)
+        return where
 
     def _links(self, u: Node, pg: tuple[Any, ...], key: int, j: int, declared: bool,
                hopeless: bool, how: str, stats: Mapping[tuple[Any, Any], _PairStats]
