@@ -242,10 +242,14 @@ EST_SIZE_TOL = 8
 cadence of that response (see :meth:`_Estimator._continues`), continues a streamed
 response rather than answering a waiting request."""
 EST_PATH_PACKETS = 1
-"""After the client's address changes (a NAT rebinding), its next full packet and the
-server's next response-sized one, within two handshake round trips, are path validation
-(PATH_CHALLENGE and PATH_RESPONSE, padded to 1,200 bytes as far as the server's
-anti-amplification limit allows), not a request or an answer."""
+"""After the client's address changes (a NAT rebinding), the server's next
+response-sized packet is its PATH_CHALLENGE (RFC 9000 section 9.3: a new peer address is
+validated before more than three times what it sent is sent to it; padded as far as
+that allows), whenever it comes: a loaded server sent it 4.9 ms after the client's
+packet, beyond two handshake round trips (4.8 ms) there. The client's next full packet
+within two handshake round trips of the change, or of that challenge, is path validation
+too (its PATH_RESPONSE, padded to 1,200 bytes). None of them is a request or an
+answer."""
 EST_MAX_PENDING = 256
 """Requests awaiting their first response byte at once; beyond, the oldest is no longer
 matched (it stays, unanswered)."""
@@ -259,7 +263,8 @@ class _Estimator:
 
     __slots__ = ("active", "chunk_start", "gap", "last_client", "last_client_len",
                  "last_resp_ns", "last_server", "last_server_len", "limits_hit",
-                 "path_client", "path_server", "path_until", "pending", "requests",
+                 "path_client", "path_server", "path_until", "path_window", "pending",
+                 "requests",
                  "rtt", "server_since", "setup", "started", "tail", "tail_deadline")
 
     def __init__(self, limits_hit: dict[str, int], rtt: int = 0) -> None:
@@ -291,12 +296,17 @@ class _Estimator:
         self.started = False
         """The client's first 1-RTT flight was seen (a request-sized packet)."""
         self.path_until = 0
+        self.path_window = 0
         self.path_client = 0
+        """The client's path-validation packets still to skip until :attr:`path_until`."""
         self.path_server = 0
-        """Path-validation packets still to skip until :attr:`path_until`."""
+        """The server's path-validation packets still to skip (its next response-sized)."""
 
     def path_changed(self, ts: int, window: int) -> None:
-        """The client sent from a new address at ``ts`` (:data:`EST_PATH_PACKETS`)."""
+        """The client sent from a new address at ``ts``; ``window``: how long after it,
+        or after the server's challenge, the client's validation may come
+        (:data:`EST_PATH_PACKETS`)."""
+        self.path_window = window
         self.path_until = ts + window
         self.path_client = self.path_server = EST_PATH_PACKETS
 
@@ -358,8 +368,10 @@ class _Estimator:
     def _server(self, ts: int, size: int) -> None:
         if size < EST_SERVER_MIN:
             return
-        if self.path_server and ts <= self.path_until:
+        if self.path_server:
             self.path_server -= 1
+            self.path_client = EST_PATH_PACKETS  # the client answers it
+            self.path_until = ts + self.path_window
             return  # PATH_CHALLENGE to the client's new address
         prev, prev_len = self.last_server, self.last_server_len
         self.last_server, self.last_server_len = ts, size

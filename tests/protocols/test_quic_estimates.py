@@ -249,6 +249,27 @@ def test_zero_rtt_request_and_path_validation() -> None:
     assert (b.ts_ns, b.first_byte_ns, b.last_byte_ns) == (70 * ms, 91 * ms, 91 * ms + 60_000)
 
 
+def test_a_late_path_challenge_is_still_path_validation() -> None:
+    """A loaded server sends its PATH_CHALLENGE to the client's new address later than two
+    handshake round trips after the client's packet (4.9 ms against 4.8 ms in a capture
+    beside two CPU burners); it is still no answer, and the client's padded
+    PATH_RESPONSE right after it no request. Timed by the window alone, the challenge
+    answered the request 21 ms early and the response started a request of its own."""
+    ms = 1_000_000
+    est = quic._Estimator({}, rtt=1_420_000)
+    for d, ts, size in ((0, 2 * ms, 300), (1, 3 * ms, 200), (0, 7 * ms, 46),
+                        (1, 31 * ms, 1175), (1, 31 * ms + 10_000, 860)):
+        est.packet(d, ts, size)
+    est.path_changed(82 * ms, 2 * 1_420_000 + quic.EST_BURST_NS)
+    for d, ts, size in ((0, 82 * ms, 46), (1, 82 * ms + 4_870_000, 188),
+                        (0, 82 * ms + 5_050_000, 1175), (1, 108 * ms, 1175),
+                        (1, 108 * ms + 30_000, 867)):
+        est.packet(d, ts, size)
+    a, b = est.close()
+    assert (a.ts_ns, a.first_byte_ns) == (7 * ms, 31 * ms)
+    assert (b.ts_ns, b.first_byte_ns, b.last_byte_ns) == (82 * ms, 108 * ms, 108 * ms + 30_000)
+
+
 def test_acks_and_flow_control_do_not_start_requests() -> None:
     est = quic._Estimator({})
     est.packet(0, 0, 230)
