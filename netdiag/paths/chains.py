@@ -1807,7 +1807,7 @@ class _Linker:
         matchings = _matching(edges, stats, second, by_kind)
         where: dict[int, int] | None = None
         while True:
-            deep: list[int] = []
+            deep: list[tuple[int, int]] = []  # (slot, place in the child's pairs_of)
             for u in self.nodes:
                 lo = u.left_out
                 if lo is None:
@@ -1821,21 +1821,20 @@ class _Linker:
                     gk = (pg, u.kind if by_kind else u.group)
                     e = matchings.get(gk, {}).get(id(u))
                     if e is None or (not e.rid and e.cost >= entry[3]):
-                        deep.append(pairs[j][3] | u.num)
-            self.capped = {k for k in deep if self.cap.get(k, MAX_CANDIDATES)
+                        deep.append((pairs[j][3] | u.num, j))
+            self.capped = {k for k, _j in deep if self.cap.get(k, MAX_CANDIDATES)
                            >= MAX_CANDIDATES_DEEP}
             if len(self.capped) == len(deep):
                 return matchings, edges
             redo: set[tuple[Any, Any]] = set()
             if where is None:
                 where = self._list_places()
-            for key in deep:
+            for key, j in deep:
                 if key in self.capped:
                     continue
                 u, pg = self._of_slot(key)
                 self.cap[key] = 2 * self.cap.get(key, MAX_CANDIDATES)
                 declared, hopeless = self.pair_info[(pg, u.group)]
-                j = [e[0] for e in self.pairs_of[u.group]].index(pg)
                 kept = self._links(u, pg, key, j, declared, hopeless,
                                    "rid" if hopeless else mode((pg, u.group)), stats)
                 assert kept is not None

@@ -297,6 +297,7 @@ class _Estimator:
         """The client's first 1-RTT flight was seen (a request-sized packet)."""
         self.path_until = 0
         self.path_window = 0
+        """How long after the change, or the server's challenge, the client's may come."""
         self.path_client = 0
         """The client's path-validation packets still to skip until :attr:`path_until`."""
         self.path_server = 0
