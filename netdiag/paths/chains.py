@@ -29,8 +29,9 @@ on arrival, the end offset ``P.first_byte - U.first_byte`` of a call whose answe
 relayed: whichever is steadier for the pair), plus penalties for a different method,
 path or body size, and for a call after ``P``'s first byte; sending from the parent's
 server address lowers it a little. The typical offsets come from a first matching by
-adjacency. A child linked through several nested hops (an origin request lies inside
-both the router's and the edge's request) takes the innermost.
+adjacency. A child linked through several hops (an origin request lies inside both the
+router's and the edge's request) goes to the nearest hop that its own assignment made
+the child's caller (:func:`_innermost`), else to the innermost parent.
 
 **Bounded.** Under load a proxy holds hundreds of requests open at once, and each of
 its upstream requests lies inside all of them; linking costs requests times the
@@ -2294,9 +2295,22 @@ class _Linker:
         return declared | {p for p in inferred if p[0] in proxies}
 
 
-def _innermost(options: list[_Edge]) -> _Edge:
-    """Of a child's links through nested hops, the one to the innermost parent."""
+def _innermost(options: list[_Edge], calls: set[tuple[Any, Any]], sole: set[int]
+               ) -> _Edge:
+    """Of a child's links through several hops, the one to its caller: the nearest hop
+    whose own assignment gave it the child as its only call of the kind (a link through
+    a hop that calls another option's hop, ``calls``, is the child's grand-caller's at
+    best, even where the two parents' windows do not nest: two requests of different
+    chains); ``sole``: ids of the links that are their parent's only call of the kind.
+    Then the innermost parent. A link by equal request id is never given up
+    for one without."""
     options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.ts_ns))
+    if len(options) > 1:
+        nearest = [e for e in options if not any(
+            o is not e and (e.pgroup, o.pgroup) in calls and (o.rid or not e.rid)
+            and id(o) in sole for o in options)]
+        if nearest:
+            options = nearest
     best = options[0]
     changed = True
     while changed:
@@ -2304,6 +2318,7 @@ def _innermost(options: list[_Edge]) -> _Edge:
         for e in options:
             p, b = e.parent, best.parent
             if p is not b and b.ts_ns <= p.ts_ns and p.window_end_ns <= b.window_end_ns \
+                    and (b.ts_ns < p.ts_ns or p.window_end_ns < b.window_end_ns) \
                     and (e.rid or not best.rid):
                 best, changed = e, True
     return best
@@ -2513,13 +2528,18 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
 
     weighed = _Weighed(final_edges, final)
     options: dict[int, list[_Edge]] = defaultdict(list)
+    sole: set[int] = set()  # links that are their parent's only call of the kind
     for m in final.values():
+        calls: dict[int, int] = defaultdict(int)
         for e in m.values():
             options[id(e.child)].append(e)
+            calls[id(e.parent)] += 1
+        sole.update(id(e) for e in m.values() if calls[id(e.parent)] == 1)
 
     modes.weighed = weighed
     modes.stats = stats
-    chosen = [_innermost(opts) for opts in options.values()]
+    chosen = [_innermost(opts, modes.keep, sole) if len(opts) > 1 else opts[0]
+              for opts in options.values()]
     counts = linker.candidate_counts(chosen, modes.final_mode)
     for e, count in zip(chosen, counts, strict=True):
         u, p = e.child, e.parent

@@ -225,3 +225,56 @@ def test_attribute_returns_the_chains_it_used() -> None:
     assert chains.depth(root) == 0
     leaf = chains.steps(root)[-1].node
     assert chains.depth(leaf) == 2 and chains.root_of(leaf) is root
+
+
+def _option(parent: Connection, child: Connection, pg: str, cost: float,
+            rid: bool = False) -> object:
+    from netdiag.paths.chains import Node, _Edge
+
+    p = Node.of(parent, 0, parent.requests[0])
+    u = Node.of(child, 0, child.requests[0])
+    return _Edge(p, u, ("hop", "ROC", pg), ("hop", "ROC", "token-store"),
+                 ("hop", "ROC", "token-store"), rid, True, False, 0.0, 0.0, None, None, cost)
+
+
+def test_a_child_goes_to_the_nearest_hop_that_called_it_not_a_cheaper_outer_one() -> None:
+    """Live lab (HTTP/1.1 router, 16 at once): the edge forwarded request A late, so
+    A's router request began after request B had reached the edge. B's edge request was
+    then the cheaper link for A's token-store command at the edge's level, and the two
+    windows do not nest (A's router request outlives B); the command went to B's edge
+    request, skipping the router, whose own assignment had given it to A's router
+    request as its only command. The nearest hop's sole call wins; a second call of
+    the kind, or an id the outer link carries, does not."""
+    from netdiag.paths.chains import _innermost
+
+    b_edge = conn("C1", "127.0.0.2:1", EDGE, [req(5, 20, 21)])
+    a_router = conn("C2", "127.0.0.10:2", ROUTER, [req(8, 40, 41)])
+    command = conn("C3", "127.0.0.11:3", REDIS, [resp(9.4, 9.6)], protocol="resp")
+    calls = {(("hop", "ROC", "edge"), ("hop", "ROC", "router"))}
+
+    def pick(sole_router: bool, edge_rid: bool = False) -> str:
+        outer = _option(b_edge, command, "edge", 0.1, rid=edge_rid)
+        inner = _option(a_router, command, "router", 0.4)
+        sole = {id(inner)} if sole_router else set()
+        return str(_innermost([outer, inner], calls, sole).parent.label)  # type: ignore
+
+    assert pick(sole_router=True) == "C2#0"
+    assert pick(sole_router=False) == "C1#0"  # a second call: the cheaper link stands
+    assert pick(sole_router=True, edge_rid=True) == "C1#0"
+    # hops that do not call each other: the cheaper link, then the innermost window
+    outer = _option(b_edge, command, "edge", 0.1)
+    inner = _option(a_router, command, "router", 0.4)
+    assert _innermost([outer, inner], set(), {id(inner)}).parent.label == "C1#0"  # type: ignore
+
+
+def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> None:
+    """Two parents of different groups spanning exactly the same time (crafted, or two
+    proxies' requests stamped alike): neither is inside the other, so the choice ends."""
+    from netdiag.paths.chains import _innermost
+
+    one = conn("C1", "127.0.0.2:1", EDGE, [req(5, 20, 21)])
+    two = conn("C2", "127.0.0.10:2", ROUTER, [req(5, 20, 21)])
+    command = conn("C3", "127.0.0.11:3", REDIS, [resp(9.4, 9.6)], protocol="resp")
+    a = _option(one, command, "edge", 0.3)
+    b = _option(two, command, "router", 0.2)
+    assert _innermost([a, b], set(), set()).parent.label == "C2#0"  # type: ignore
