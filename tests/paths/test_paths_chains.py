@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from paths_synth import (
     DPF_ORIGIN,
     EDGE,
     MS,
     ORIGIN,
+    PROFILE,
     REDIS,
     ROUTER,
     conn,
@@ -18,6 +20,7 @@ from paths_synth import (
 
 from netdiag.paths.attribute import attribute
 from netdiag.paths.chains import PROXY_MIN_REQUESTS, link_requests, request_id
+from netdiag.paths.profile import parse_profile
 from netdiag.records import Connection
 
 
@@ -278,3 +281,18 @@ def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> No
     a = _option(one, command, "edge", 0.3)
     b = _option(two, command, "router", 0.2)
     assert _innermost([a, b], set(), set()).parent.label == "C2#0"  # type: ignore
+
+
+@pytest.mark.timeout(60)
+def test_an_edge_and_a_router_request_stamped_alike_still_link() -> None:
+    """A crafted capture: the edge's and the router's requests start and end at the same
+    nanosecond, and a token-store command lies inside both. Linking ends (it went round
+    forever) and the command goes to the router, which the edge called."""
+    conns = [conn("C1", "127.0.0.2:1", EDGE, [req(0, 20, 21, authority="api.roc.test")],
+                  sni="api.roc.test", tls=(-1.8, -0.5)),
+             conn("C2", "127.0.0.10:2", ROUTER, [req(0, 20, 21)]),
+             conn("C3", "127.0.0.11:3", REDIS, [resp(1, 1.5)], protocol="resp")]
+    chains = attribute(conns, parse_profile(PROFILE))
+    router, command = chains.node("C2", 0), chains.node("C3", 0)
+    assert router is not None and command is not None
+    assert router.parent is chains.node("C1", 0) and command.parent is router
