@@ -2324,6 +2324,30 @@ def _innermost(options: list[_Edge], calls: set[tuple[Any, Any]], sole: set[int]
     return best
 
 
+def _loop_links(tied: dict[int, _Edge]) -> set[int]:
+    """Ids of the links that close a loop of parents, one per loop. A parent starts no
+    later than its child, so only requests that start at the same instant can form a
+    loop (a crafted capture: groups whose waits cannot order them, windows that contain
+    each other); ``tied`` holds those links by child id. Of each loop, the request with
+    the widest window (then the first by key) loses its parent and becomes the root."""
+    state: dict[int, bool] = {}  # child id -> on the path being walked (else done)
+    cut: set[int] = set()
+    for start in tied:
+        path: list[int] = []
+        k = start
+        while k in tied and k not in state:
+            state[k] = True
+            path.append(k)
+            k = id(tied[k].parent)
+        if state.get(k):
+            loop = [tied[c] for c in path[path.index(k):]]
+            root = min(loop, key=lambda e: (-e.child.window_end_ns, e.child.key))
+            cut.add(id(root))
+        for c in path:
+            state[c] = False
+    return cut
+
+
 def _label(e: _Edge, weighed: _Weighed, gk: tuple[Any, Any], count: int, left_out: float,
            link_of: Callable[[Node, Node], _Edge | None], end: bool, jitter_ns: int) -> str:
     """The contract's link kind of a chosen edge. ``weighed``: the links the final
@@ -2540,6 +2564,11 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     modes.stats = stats
     chosen = [_innermost(opts, modes.keep, sole) if len(opts) > 1 else opts[0]
               for opts in options.values()]
+    tied = {id(e.child): e for e in chosen if e.parent.ts_ns == e.child.ts_ns}
+    if tied:
+        cut = _loop_links(tied)
+        if cut:
+            chosen = [e for e in chosen if id(e) not in cut]
     counts = linker.candidate_counts(chosen, modes.final_mode)
     for e, count in zip(chosen, counts, strict=True):
         u, p = e.child, e.parent

@@ -296,3 +296,20 @@ def test_an_edge_and_a_router_request_stamped_alike_still_link() -> None:
     router, command = chains.node("C2", 0), chains.node("C3", 0)
     assert router is not None and command is not None
     assert router.parent is chains.node("C1", 0) and command.parent is router
+
+
+@pytest.mark.timeout(60)
+def test_two_requests_that_name_each_other_make_no_loop_of_parents() -> None:
+    """A crafted capture: two requests with the same request id start at the same
+    instant and, unanswered, each spans the other. Each is then the other's parent by id;
+    found by random small topologies, the loop made every walk up a chain endless. One
+    of them becomes the root, whatever the order of the connections."""
+    for order in (1, -1):
+        conns = [conn("C1", "127.0.0.2:1", ROUTER, [req(40, None, rid="b")], protocol="h2c"),
+                 conn("C2", "127.0.0.10:2", EDGE, [req(40, None, rid="b")])][::order]
+        chains = attribute(conns, None)
+        one, two = chains.node("C1", 0), chains.node("C2", 0)
+        assert one is not None and two is not None
+        assert {one.parent, two.parent} in ({None, one}, {None, two})
+        assert chains.root_of(one) is chains.root_of(two) in (one, two)
+        assert len(chains.roots) == 1
