@@ -313,3 +313,57 @@ def test_two_requests_that_name_each_other_make_no_loop_of_parents() -> None:
         assert {one.parent, two.parent} in ({None, one}, {None, two})
         assert chains.root_of(one) is chains.root_of(two) in (one, two)
         assert len(chains.roots) == 1
+
+
+def _random_topology(seed: int) -> list[Connection]:
+    """Up to 40 connections of up to 4 requests to the ROC hops, a DPF origin or Redis,
+    from the client's, the edge's, the router's or the loopback address; times on a
+    coarse grid (many ties), answers missing or out of order, ids shared at random."""
+    import random
+
+    rng = random.Random(seed)
+    servers = [(EDGE, "h2"), (ROUTER, "h2c"), (REDIS, "resp"), (ORIGIN, "h2"),
+               (DPF_ORIGIN, "h2")]
+    clients = ["127.0.0.2", "127.0.0.10", "127.0.0.11", "127.0.0.1"]
+    grid = rng.choice([1, 2, 5])
+    out: list[Connection] = []
+    for k in range(rng.randint(1, 40)):
+        server, protocol = rng.choice(servers)
+        reqs = []
+        for _ in range(rng.randint(1, 4)):
+            ts = rng.randint(0, 10) * grid
+            fb = None if rng.random() < 0.15 else ts + rng.randint(-2, 6) * grid
+            lb = None if fb is None or rng.random() < 0.2 else fb + rng.randint(-2, 3) * grid
+            if protocol == "resp":
+                reqs.append(resp(ts, fb if fb is not None else ts))
+            else:
+                reqs.append(req(ts, fb, lb, rid=rng.choice([None, None, "a", "b"]),
+                                authority=rng.choice([None, "api.roc.test"]),
+                                path=rng.choice(["/a", "/b", None])))
+        reqs.sort(key=lambda r: r.ts_ns)
+        out.append(conn(f"C{k + 1}", f"{rng.choice(clients)}:{1000 + k}", server, reqs,
+                        protocol=protocol, syn=rng.choice([None, -1]),
+                        sni=rng.choice([None, "api.roc.test", "gpu-1.roc.test"])))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_random_small_topologies_link_into_trees() -> None:
+    """Hostile timings (ties everywhere, answers before requests, shared ids), with the
+    profile and without: linking ends, raises nothing, and gives every request a chain
+    that ends at a root (no loop of parents), each parent starting no later than its
+    child."""
+    profile = parse_profile(PROFILE)
+    for seed in range(400):
+        for prof in (None, profile):
+            conns = _random_topology(seed)
+            chains = attribute(conns, prof)
+            nodes = list(chains.nodes.values())
+            for n in nodes:
+                steps = 0
+                while n.parent is not None and steps <= len(nodes):
+                    assert n.parent.ts_ns <= n.ts_ns, seed
+                    n, steps = n.parent, steps + 1
+                assert n.parent is None, (seed, "a loop of parents")
+            for root in chains.roots:
+                chains.steps(root)
