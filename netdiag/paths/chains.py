@@ -310,7 +310,8 @@ class Node:
     as_child: bool = False
     """Marks the node while :func:`_separate` looks at a set of links (as a child)."""
     as_parent: bool = False
-    """Marks the node while :func:`_separate` looks at a set of links (as a parent)."""
+    """Marks the node while :func:`_separate` looks at a set of links (as a parent), or
+    :func:`link_requests` at the final matchings (a parent with two calls of a kind)."""
     kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
     :attr:`_Linker.pairs_of`), the links a round kept and how (:meth:`_Linker._links`).
@@ -2295,20 +2296,20 @@ class _Linker:
         return declared | {p for p in inferred if p[0] in proxies}
 
 
-def _innermost(options: list[_Edge], calls: set[tuple[Any, Any]], sole: set[int]
+def _innermost(options: list[_Edge], calls: set[tuple[Any, Any]], shared: set[int]
                ) -> _Edge:
     """Of a child's links through several hops, the one to its caller: the nearest hop
     whose own assignment gave it the child as its only call of the kind (a link through
     a hop that calls another option's hop, ``calls``, is the child's grand-caller's at
     best, even where the two parents' windows do not nest: two requests of different
-    chains); ``sole``: ids of the links that are their parent's only call of the kind.
+    chains); ``shared``: ids of the links whose parent made another call of the kind.
     Then the innermost parent. A link by equal request id is never given up
     for one without."""
     options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.ts_ns))
     if len(options) > 1:
         nearest = [e for e in options if not any(
             o is not e and (e.pgroup, o.pgroup) in calls and (o.rid or not e.rid)
-            and id(o) in sole for o in options)]
+            and id(o) not in shared for o in options)]
         if nearest:
             options = nearest
     best = options[0]
@@ -2552,17 +2553,23 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
 
     weighed = _Weighed(final_edges, final)
     options: dict[int, list[_Edge]] = defaultdict(list)
-    sole: set[int] = set()  # links that are their parent's only call of the kind
+    shared: set[int] = set()  # links whose parent made another call of the kind
     for m in final.values():
-        calls: dict[int, int] = defaultdict(int)
-        for e in m.values():
+        again: set[int] = set()
+        for e in m.values():  # parents marked as seen, as in _separate: no map of all
             options[id(e.child)].append(e)
-            calls[id(e.parent)] += 1
-        sole.update(id(e) for e in m.values() if calls[id(e.parent)] == 1)
+            p = e.parent
+            if p.as_parent:
+                again.add(id(p))
+            p.as_parent = True
+        for e in m.values():
+            e.parent.as_parent = False
+        if again:
+            shared.update(id(e) for e in m.values() if id(e.parent) in again)
 
     modes.weighed = weighed
     modes.stats = stats
-    chosen = [_innermost(opts, modes.keep, sole) if len(opts) > 1 else opts[0]
+    chosen = [_innermost(opts, modes.keep, shared) if len(opts) > 1 else opts[0]
               for opts in options.values()]
     tied = {id(e.child): e for e in chosen if e.parent.ts_ns == e.child.ts_ns}
     if tied:
