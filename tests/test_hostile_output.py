@@ -85,27 +85,27 @@ class _Pcap:
         self._write(ts, src, dst, tcp, dpkt.ip.IP_PROTO_TCP)
 
     def conversation(self, t: float, sport: int, server: str, dport: int,
-                     messages: list[tuple[float, int, bytes]]) -> None:
+                     messages: list[tuple[float, int, bytes]], client: str = CLIENT) -> None:
         """Handshake at ``t``, then ``(delay s, 0 client / 1 server, bytes)``, then FINs."""
         syn, ack, psh = dpkt.tcp.TH_SYN, dpkt.tcp.TH_ACK, dpkt.tcp.TH_PUSH | dpkt.tcp.TH_ACK
         fin = dpkt.tcp.TH_FIN | dpkt.tcp.TH_ACK
         c = 1000
         s = 5000
-        self.tcp(t, CLIENT, sport, server, dport, c, 0, syn)
-        self.tcp(t + 0.001, server, dport, CLIENT, sport, s, c + 1, syn | ack)
-        self.tcp(t + 0.002, CLIENT, sport, server, dport, c + 1, s + 1, ack)
+        self.tcp(t, client, sport, server, dport, c, 0, syn)
+        self.tcp(t + 0.001, server, dport, client, sport, s, c + 1, syn | ack)
+        self.tcp(t + 0.002, client, sport, server, dport, c + 1, s + 1, ack)
         c, s, t = c + 1, s + 1, t + 0.002
         for delay, side, data in messages:
             t += delay
             if side == 0:
-                self.tcp(t, CLIENT, sport, server, dport, c, s, psh, data)
+                self.tcp(t, client, sport, server, dport, c, s, psh, data)
                 c += len(data)
             else:
-                self.tcp(t, server, dport, CLIENT, sport, s, c, psh, data)
+                self.tcp(t, server, dport, client, sport, s, c, psh, data)
                 s += len(data)
-        self.tcp(t + 0.001, CLIENT, sport, server, dport, c, s, fin)
-        self.tcp(t + 0.002, server, dport, CLIENT, sport, s, c + 1, fin)
-        self.tcp(t + 0.003, CLIENT, sport, server, dport, c + 1, s + 1, ack)
+        self.tcp(t + 0.001, client, sport, server, dport, c, s, fin)
+        self.tcp(t + 0.002, server, dport, client, sport, s, c + 1, fin)
+        self.tcp(t + 0.003, client, sport, server, dport, c + 1, s + 1, ack)
 
     def close(self) -> None:
         self.pcap.close()
@@ -725,3 +725,20 @@ def test_capture_first_and_last_times_hold_beyond_2_62_ns(far_and_negative: dict
     cap = json.loads(p.stdout)["capture"]
     assert cap["first_ts"] == pytest.approx(min(times) / 1e9, rel=1e-12)
     assert cap["last_ts"] == pytest.approx(max(times) / 1e9, rel=1e-12)
+
+
+def test_two_requests_naming_each_other_do_not_hang_the_report(tmp_path: Path) -> None:
+    """Two unanswered HTTP/1.1 requests with one ``X-Request-Id``, sent at the same
+    microsecond to two servers (one from the other's address, as a proxy sends): each
+    is the other's parent by id. The path analysis looped forever on them; now the
+    report ends, and one request is caused by the other, not both."""
+    w = _Pcap(tmp_path / "twins.pcap")
+    request = b"GET /v1/twin HTTP/1.1\r\nHost: twin.test\r\nX-Request-Id: same\r\n\r\n"
+    w.conversation(T0, 40010, WEB, 80, [(0.001, 0, request)])
+    w.conversation(T0, 40011, "10.0.0.81", 80, [(0.001, 0, request)], client=WEB)
+    w.close()
+    p = run("report", str(tmp_path / "twins.pcap"), "--format", "json", timeout=60)
+    assert p.returncode == 0, p.stderr
+    requests = [r for c in json.loads(p.stdout)["connections"] for r in c["requests"]]
+    assert len(requests) == 2
+    assert sum("caused_by" in r for r in requests) == 1
