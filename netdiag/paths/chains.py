@@ -2306,12 +2306,11 @@ def _innermost(options: list[_Edge], calls: set[tuple[Any, Any]], shared: set[in
     Then the innermost parent. A link by equal request id is never given up
     for one without."""
     options.sort(key=lambda e: (not e.rid, e.cost, -e.parent.ts_ns))
-    if len(options) > 1:
-        nearest = [e for e in options if not any(
-            o is not e and (e.pgroup, o.pgroup) in calls and (o.rid or not e.rid)
-            and id(o) not in shared for o in options)]
-        if nearest:
-            options = nearest
+    nearest = [e for e in options if not any(
+        o is not e and (e.pgroup, o.pgroup) in calls and (o.rid or not e.rid)
+        and id(o) not in shared for o in options)]
+    if nearest:
+        options = nearest
     best = options[0]
     changed = True
     while changed:

@@ -264,8 +264,8 @@ class _Estimator:
     __slots__ = ("active", "chunk_start", "gap", "last_client", "last_client_len",
                  "last_resp_ns", "last_server", "last_server_len", "limits_hit",
                  "path_client", "path_server", "path_until", "path_window", "pending",
-                 "requests",
-                 "rtt", "server_since", "setup", "started", "tail", "tail_deadline")
+                 "requests", "rtt", "server_since", "setup", "started", "tail",
+                 "tail_deadline")
 
     def __init__(self, limits_hit: dict[str, int], rtt: int = 0) -> None:
         """``limits_hit``: the connection's cap counts; ``rtt``: its handshake RTT."""

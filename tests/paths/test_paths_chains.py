@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from paths_synth import (
     DPF_ORIGIN,
@@ -231,7 +233,7 @@ def test_attribute_returns_the_chains_it_used() -> None:
 
 
 def _option(parent: Connection, child: Connection, pg: str, cost: float,
-            rid: bool = False) -> object:
+            rid: bool = False) -> Any:
     from netdiag.paths.chains import Node, _Edge
 
     p = Node.of(parent, 0, parent.requests[0])
@@ -259,7 +261,7 @@ def test_a_child_goes_to_the_nearest_hop_that_called_it_not_a_cheaper_outer_one(
         outer = _option(b_edge, command, "edge", 0.1, rid=edge_rid)
         inner = _option(a_router, command, "router", 0.4)
         shared = set() if sole_router else {id(inner)}
-        return str(_innermost([outer, inner], calls, shared).parent.label)  # type: ignore
+        return str(_innermost([outer, inner], calls, shared).parent.label)
 
     assert pick(sole_router=True) == "C2#0"
     assert pick(sole_router=False) == "C1#0"  # a second call: the cheaper link stands
@@ -267,7 +269,7 @@ def test_a_child_goes_to_the_nearest_hop_that_called_it_not_a_cheaper_outer_one(
     # hops that do not call each other: the cheaper link, then the innermost window
     outer = _option(b_edge, command, "edge", 0.1)
     inner = _option(a_router, command, "router", 0.4)
-    assert _innermost([outer, inner], set(), set()).parent.label == "C1#0"  # type: ignore
+    assert _innermost([outer, inner], set(), set()).parent.label == "C1#0"
 
 
 def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> None:
@@ -280,7 +282,7 @@ def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> No
     command = conn("C3", "127.0.0.11:3", REDIS, [resp(9.4, 9.6)], protocol="resp")
     a = _option(one, command, "edge", 0.3)
     b = _option(two, command, "router", 0.2)
-    assert _innermost([a, b], set(), set()).parent.label == "C2#0"  # type: ignore
+    assert _innermost([a, b], set(), set()).parent.label == "C2#0"
 
 
 @pytest.mark.timeout(60)
