@@ -312,6 +312,10 @@ class Request:
     """Decoded request headers (HTTP/2 pseudo-headers included), for HAR export."""
     response_headers: list[tuple[str, str]] | None = None
     """Decoded response headers, for HAR export."""
+    named_ids: tuple[str, ...] | None = None
+    """Words of a Redis command that could be a request's correlation id (its
+    arguments, see :mod:`netdiag.protocols.resp`), to tie it to the HTTP request whose
+    id it names; None for other protocols. Not in the JSON report."""
 
     def __init__(self, ts_ns: int, first_byte_ns: int | None = None,
                  last_byte_ns: int | None = None, stream_id: int | None = None,
@@ -325,7 +329,8 @@ class Request:
                  reset: str | None = None, reset_by: str | None = None,
                  stall_ns: int | None = None,
                  request_headers: list[tuple[str, str]] | None = None,
-                 response_headers: list[tuple[str, str]] | None = None) -> None:
+                 response_headers: list[tuple[str, str]] | None = None,
+                 named_ids: tuple[str, ...] | None = None) -> None:
         self.ts_ns = ts_ns
         self.first_byte_ns = first_byte_ns
         self.last_byte_ns = last_byte_ns
@@ -349,6 +354,7 @@ class Request:
         self.stall_ns = stall_ns
         self.request_headers = request_headers
         self.response_headers = response_headers
+        self.named_ids = named_ids
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), _field_values(self)

@@ -18,7 +18,9 @@ start) no later than ``P``'s window (``P``'s last byte, else its connection's en
 and, with a profile, ``P``'s hop comes before ``U``'s in the declared hop order of the
 same path (hops of two different paths are never linked). Equal request ids
 (``x-request-id``, ``x-correlation-id``, ``request-id``, the trace id of
-``traceparent``) link at once; different ones never do.
+``traceparent``) link at once; different ones never do. A Redis command carries the
+id of a request when exactly one of its words is one (``Request.named_ids``: a
+rate-limit script called with it, a key ``idem:<id>``).
 
 **Assignment.** Per parent group and child kind, children are assigned to parents as a
 matching over the whole capture, each parent taking at most one child of the kind
@@ -228,6 +230,18 @@ def request_id(r: Request) -> str | None:
     return None
 
 
+def _named_id(words: tuple[str, ...], ids: dict[str, list[Node]]) -> str | None:
+    """The request id a Redis command names among its words: the only word that is
+    some request's id (None for none, or for two different ids)."""
+    found: str | None = None
+    for w in words:
+        if w in ids and w != found:
+            if found is not None:
+                return None
+            found = w
+    return found
+
+
 def is_resp(conn: Connection, r: Request | None = None) -> bool:
     """A Redis (RESP) connection or command."""
     if r is not None and r.protocol == "resp":
@@ -262,7 +276,8 @@ class Node:
     kind: tuple[Any, ...] = ()
     """Set by the linker: what it is (a profile's hop, else RESP or HTTP, and the port)."""
     rid: str | None = None
-    """Set by the linker: its request id header, if any."""
+    """Set by the linker: its request id header, if any; for a Redis command, the one
+    request id its arguments name."""
     resp: bool = False
     """Set by the linker: a Redis (RESP) command."""
     parent: Node | None = None
@@ -1524,6 +1539,9 @@ class _Linker:
             r = n.rid
             if r is not None and not n.resp:
                 by_rid[r].append(n)
+        for n in self.nodes:
+            if n.resp and n.req.named_ids is not None:
+                n.rid = _named_id(n.req.named_ids, by_rid)
         for r, lst in by_rid.items():
             lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
             ends = [n.window_end_ns for n in lst]

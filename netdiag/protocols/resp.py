@@ -33,6 +33,12 @@ capture time of the segment carrying them. Each command becomes one
     errors of single commands inside an ``EXEC`` reply are not looked at.
 ``status``
     Always None (RESP has no status code).
+``named_ids``
+    The words of the command that could name a request's correlation id (its
+    arguments after the name, and their parts between ``:``, ``{``, ``}``, ``/``,
+    ``|``, ``=``; 8 to 128 bytes, not numbers): a rate-limit script or an idempotency
+    key called with the HTTP request's ``x-request-id`` ties the command to that
+    request (:mod:`netdiag.paths.chains`). Not in the JSON report.
 
 Replies are matched to commands in order (pipelining). ``MULTI``, each queued command
 (its reply is ``+QUEUED``) and ``EXEC`` are commands of their own. RESP3 push
@@ -78,10 +84,18 @@ from netdiag.records import Request
 
 MAX_LINE = 64 * 1024
 """Longest line (type byte, length, simple string, inline command) buffered."""
-MAX_ARGS = 8
+MAX_ARGS = 16
 """Arguments (command name included) captured per command."""
 MAX_ARG = 512
 """Bytes captured per argument; longer arguments are truncated."""
+MIN_ID = 8
+"""Shortest word of a command read as a possible request id (:func:`_named_ids`)."""
+MAX_ID = 128
+"""Longest such word."""
+MAX_NAMED_IDS = 8
+"""Possible request ids kept per command."""
+_ID_SEPARATORS = re.compile(rb"[:{}/|=]")
+_NUMBER = re.compile(rb"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")
 MAX_SERVER_CAPTURE = 64
 """Bytes captured of a reply's error text and of its first elements (push kinds)."""
 MAX_DEPTH = 128
@@ -716,7 +730,8 @@ class RespAnalyzer:
         key = _first_key(uname, args)
         req = Request(ts_ns=start, end_ns=ts, method=method,
                       path=None if key is None else key.decode("utf-8", "backslashreplace"),
-                      estimated=False, protocol="resp", request_bytes=nbytes)
+                      estimated=False, protocol="resp", request_bytes=nbytes,
+                      named_ids=_named_ids(args))
         self._requests.append(req)
         reply = True
         if uname == b"CLIENT" and sub == b"REPLY":
@@ -803,6 +818,25 @@ class RespAnalyzer:
     def _warn(self, message: str) -> None:
         add_warning(self._warnings, message, MAX_WARNINGS,
                     "further RESP warnings on this connection were dropped")
+
+
+def _named_ids(args: list[bytes | None]) -> tuple[str, ...] | None:
+    """The words of a command that could be a request's correlation id: each argument
+    after the name, and each part of one between ``:``, ``{``, ``}``, ``/``, ``|`` or
+    ``=`` (a key ``idem:<id>``), of :data:`MIN_ID` to :data:`MAX_ID` bytes and not a
+    number; at most :data:`MAX_NAMED_IDS`, None when there are none."""
+    out: list[str] = []
+    for a in args[1:]:
+        if a is None or len(a) < MIN_ID:
+            continue
+        for w in (a, *_ID_SEPARATORS.split(a)) if _ID_SEPARATORS.search(a) else (a,):
+            if MIN_ID <= len(w) <= MAX_ID and not _NUMBER.fullmatch(w):
+                word = w.decode("utf-8", "backslashreplace")
+                if word not in out:
+                    out.append(word)
+                    if len(out) == MAX_NAMED_IDS:
+                        return tuple(out)
+    return tuple(out) if out else None
 
 
 def _first_key(name: bytes | None, args: list[bytes | None]) -> bytes | None:

@@ -178,6 +178,39 @@ def test_traceparent_and_correlation_ids() -> None:
     assert request_id(r) is None
 
 
+def test_a_redis_command_naming_a_request_id_links_to_that_request() -> None:
+    """A rate-limit script called with the request's id (an argument, or part of a key)
+    goes to the router request of that id, whatever the order the router served them
+    in; a command naming two ids, or none, is linked by time as before."""
+    one, two = "req-0001-aaaa", "req-0002-bbbb"
+    edge = [conn(f"C{i + 1}", f"10.0.0.{i + 1}:5000", EDGE,
+                 [req(0.2 * i, 50 + 0.2 * i, rid=r, authority="api.roc.test")],
+                 sni="api.roc.test", tls=(-1.8, -0.5)) for i, r in enumerate((one, two))]
+    router = [conn(f"C{i + 3}", f"127.0.0.10:{5001 + i}", ROUTER,
+                   [req(1 + 0.2 * i, 49 + 0.2 * i, rid=r)]) for i, r in enumerate((one, two))]
+    first, second = resp(1.5, 1.7), resp(1.6, 1.8)  # served in the other order
+    redis = conn("R1", "127.0.0.11:6000", REDIS, [first, second], protocol="resp")
+    conns = [*edge, *router, redis]
+
+    def links(words: list[tuple[str, ...] | None]) -> list[list[tuple[str | None, str]]]:
+        first.named_ids, second.named_ids = words
+        out = []
+        for chains in (link_requests(conns), attribute(conns, parse_profile(PROFILE))):
+            out.append([(n.parent.conn.id if n.parent else None, str(n.link))
+                        for n in (chains.node("R1", 0), chains.node("R1", 1))
+                        if n is not None])
+        return out
+
+    by_id = [("C4", "request-id"), ("C3", "request-id")]
+    assert links([("f" * 40, two), (f"idem:{one}", one)]) == [by_id, by_id]
+    # without the words, with both ids in one command, or with no id: time decides
+    # (arrival order, under the profile; too few requests for statistics without it)
+    for words in ([None, None], [(one, two), None], [("no-such-request-id",), None]):
+        plain, profiled = links(words)
+        assert [g[0] for g in profiled] == ["C3", "C4"], words
+        assert "request-id" not in {g[1] for g in plain + profiled}, words
+
+
 def _proxy_capture(n: int, followed: int) -> list[Connection]:
     """``n`` requests to 10.0.0.2:443, the first ``followed`` of them containing an
     upstream request from 10.0.0.2."""

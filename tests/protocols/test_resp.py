@@ -205,6 +205,25 @@ def test_non_utf8_key_and_long_arguments() -> None:
     assert an.requests[1].request_bytes == len(cmd(b"SET", b"x" * 5000, b"v" * 100000))
 
 
+def test_named_ids_are_the_words_that_could_be_a_request_id() -> None:
+    rid, uuid = "roc-0014", "7f3c9a2e-1b4d-4c8e-9f00-2a6b1c3d4e5f"
+    script = cmd("EVALSHA", "f" * 40, "1", "budget:m", "1764425767123", "1.5", "8",
+                 "0.25", "-1e5", rid)  # the id is the 10th argument
+    many = cmd("SET", "k", "v", *[f"w{i:07d}" for i in range(20)])
+    an = run((0, 0, script), (0, 1, cmd("SET", f"idem:{{{uuid}}}", "x" * 200)),
+             (0, 2, cmd("GET", "short")), (0, 3, many), (0, 4, b"PING req-abcdef12\r\n"),
+             (0, 5, cmd(b"GET", b"id-\xff-123456")),
+             (1, 6, b":1\r\n+OK\r\n$-1\r\n+OK\r\n+PONG\r\n$-1\r\n"))
+    assert [r.named_ids for r in an.requests] == [
+        ("f" * 40, "budget:m", rid),  # numbers and short words are not ids
+        (f"idem:{{{uuid}}}", uuid),  # a key and its parts; 200 bytes is too long
+        None,
+        tuple(f"w{i:07d}" for i in range(8)),  # at most eight
+        ("req-abcdef12",),
+        ("id-\\xff-123456",),
+    ]
+
+
 def test_errors_go_to_reset() -> None:
     c = cmd("EVALSHA", "f" * 40, "0") + cmd("LPUSH", "s", "x") + cmd("EVAL", "x", "0")
     s = (b"-NOSCRIPT No matching script. Please use EVAL.\r\n"
@@ -403,7 +422,14 @@ EXCHANGES: list[tuple[bytes, bytes, tuple[Any, ...]]] = [
      ("LRANGE", "l", None)),
     (cmd("SCRIPT", "LOAD", "return 1"), bulk(b"e" * 40), ("SCRIPT LOAD", None, None)),
     (cmd("X", "y"), b"!5\r\nERR x\r\n", ("X", "y", "error:ERR")),
+    (cmd("EVALSHA", "b" * 40, "1", "k", "1", "2", "3", "4", "5", "6", "idem:roc-0042"),
+     b":1\r\n", ("EVALSHA", "k", None)),
 ]
+NAMED_IDS: list[tuple[str, ...] | None] = [
+    None, None, None, ("a" * 40,), None, None, None, None, None, ("return 1",), None,
+    ("b" * 40, "idem:roc-0042", "roc-0042")]
+"""What :func:`test_any_split_gives_the_same_commands_and_exact_times` expects of
+each exchange's ``named_ids``, whatever the split."""
 PUSH = b">2\r\n+invalidate\r\n*1\r\n+k\r\n"
 
 
@@ -441,6 +467,7 @@ def test_any_split_gives_the_same_commands_and_exact_times(
     an.close(T0 + 10**10)
     assert an.warnings == []
     assert [summary(r) for r in an.requests] == [x[2] for x in exchanges]
+    assert [r.named_ids for r in an.requests] == [NAMED_IDS[i] for i in picks]
     assert an.pushes == sum(pushes[:len(exchanges)])
     coff = soff = 0
     for (c, s, _), push, r in zip(exchanges, pushes, an.requests, strict=False):
