@@ -34,11 +34,12 @@ capture time of the segment carrying them. Each command becomes one
 ``status``
     Always None (RESP has no status code).
 ``named_ids``
-    The words of the command that could name a request's correlation id (its
-    arguments after the name, and their parts between ``:``, ``{``, ``}``, ``/``,
-    ``|``, ``=``; 8 to 128 bytes, not numbers): a rate-limit script or an idempotency
-    key called with the HTTP request's ``x-request-id`` ties the command to that
-    request (:mod:`netdiag.paths.chains`). Not in the JSON report.
+    The words of the command that could name a request's correlation id: its
+    arguments after the name (but a subcommand, the script or digest of ``EVAL`` and
+    ``EVALSHA``, or ``FCALL``'s function name) and their parts between ``:``, ``{``,
+    ``}``, ``/``, ``|``, ``=``; 8 to 128 bytes, not numbers. A rate-limit script or
+    an idempotency key called with the HTTP request's ``x-request-id`` ties the
+    command to that request (:mod:`netdiag.paths.chains`). Not in the JSON report.
 
 Replies are matched to commands in order (pipelining). ``MULTI``, each queued command
 (its reply is ``+QUEUED``) and ``EXEC`` are commands of their own. RESP3 push
@@ -152,6 +153,10 @@ _NUMKEYS_AT_1 = frozenset((b"ZUNION", b"ZINTER", b"ZDIFF", b"ZINTERCARD", b"SINT
                            b"LMPOP", b"ZMPOP"))
 _NUMKEYS_AT_2 = frozenset((b"EVAL", b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO", b"FCALL",
                            b"FCALL_RO", b"BLMPOP", b"BZMPOP"))
+_NOT_ID_AT_1 = _CONTAINERS | frozenset((b"EVAL", b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO",
+                                        b"FCALL", b"FCALL_RO"))
+"""Commands whose first argument is never an id: a subcommand, ``EVAL``'s script or
+``EVALSHA``'s digest, ``FCALL``'s function name (:func:`_named_ids` skips it)."""
 _SUBSCRIBES = frozenset((b"SUBSCRIBE", b"PSUBSCRIBE", b"SSUBSCRIBE", b"UNSUBSCRIBE",
                          b"PUNSUBSCRIBE", b"SUNSUBSCRIBE"))
 _UNSUBSCRIBES = frozenset((b"unsubscribe", b"punsubscribe", b"sunsubscribe"))
@@ -731,7 +736,7 @@ class RespAnalyzer:
         req = Request(ts_ns=start, end_ns=ts, method=method,
                       path=None if key is None else key.decode("utf-8", "backslashreplace"),
                       estimated=False, protocol="resp", request_bytes=nbytes,
-                      named_ids=_named_ids(args))
+                      named_ids=_named_ids(args, 2 if uname in _NOT_ID_AT_1 else 1))
         self._requests.append(req)
         reply = True
         if uname == b"CLIENT" and sub == b"REPLY":
@@ -820,13 +825,13 @@ class RespAnalyzer:
                     "further RESP warnings on this connection were dropped")
 
 
-def _named_ids(args: list[bytes | None]) -> tuple[str, ...] | None:
+def _named_ids(args: list[bytes | None], first: int) -> tuple[str, ...] | None:
     """The words of a command that could be a request's correlation id: each argument
-    after the name, and each part of one between ``:``, ``{``, ``}``, ``/``, ``|`` or
+    from ``first`` on, and each part of one between ``:``, ``{``, ``}``, ``/``, ``|`` or
     ``=`` (a key ``idem:<id>``), of :data:`MIN_ID` to :data:`MAX_ID` bytes and not a
     number; at most :data:`MAX_NAMED_IDS`, None when there are none."""
     out: list[str] = []
-    for a in args[1:]:
+    for a in args[first:]:
         if a is None or len(a) < MIN_ID:
             continue
         for w in (a, *_ID_SEPARATORS.split(a)) if _ID_SEPARATORS.search(a) else (a,):
