@@ -857,6 +857,44 @@ def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
             == (_rank(c1, end, True) < _rank(c2, end, True)))
 
 
+def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
+                      ends: Mapping[tuple[Any, Any], bool]) -> None:
+    """Parents whose answers left in one packet (one first byte) say nothing of their
+    order by it: where a pair's anchor is the first byte, their children go to them in
+    the order both began (first come, first served), when that costs no more than
+    :data:`AMBIGUITY_MS` over the assignment's. Paired by the children's first bytes, a
+    router that answered them in another order would reverse them."""
+    blocks: dict[tuple[Any, Any, int], list[_Edge]] = {}
+    for e in taken.values():
+        if e.rid or e.parent.fb_ns is None or not ends.get((e.pgroup, e.cgroup), False):
+            continue
+        key = (e.pgroup, e.cgroup, e.parent.fb_ns)
+        block = blocks.get(key)
+        if block is None:
+            blocks[key] = [e]
+        else:
+            block.append(e)
+    by_pair: dict[tuple[int, int], _Edge] | None = None  # built at the first need
+    for block in blocks.values():
+        if len(block) < 2:
+            continue
+        parents = sorted([e.parent for e in block], key=lambda n: _rank(n, False))
+        children = sorted([e.child for e in block], key=lambda n: _rank(n, False, True))
+        if by_pair is None:
+            by_pair = {(id(e.parent), id(e.child)): e for e in edges}
+        fifo: list[_Edge] = []
+        for p, c in zip(parents, children, strict=True):
+            x = by_pair.get((id(p), id(c)))
+            if x is None or x.rid:
+                break
+            fifo.append(x)
+        if len(fifo) < len(block) or \
+                sum([x.cost for x in fifo]) - sum([e.cost for e in block]) > AMBIGUITY_MS:
+            continue
+        for x in fifo:
+            taken[id(x.child)] = x
+
+
 def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
                  ends: Mapping[tuple[Any, Any], bool]) -> None:
     """Among assignments within :data:`AMBIGUITY_MS` of each other, keep the one that
@@ -1044,6 +1082,7 @@ def _assign(edges: list[_Edge], second: bool,
             continue
         taken[c] = e
         used.add(p)
+    _relayed_together(taken, edges, ends)
     _fifo_repair(taken, edges, ends)
     if second:
         extra: set[int] = set()

@@ -305,6 +305,43 @@ def test_a_child_goes_to_the_nearest_hop_that_called_it_not_a_cheaper_outer_one(
     assert _innermost([outer, inner], set(), set()).parent.label == "C1#0"
 
 
+def test_answers_relayed_in_one_packet_leave_the_order_to_the_starts() -> None:
+    """Live lab (all at once, no request ids, beside two CPU burners): seven requests
+    began in one packet on one HTTP/2 connection and their seven answers left in one
+    packet. The edge forwarded each once its body had come, in the order they began;
+    the router's answers came back in the reverse order. Paired by first bytes (the
+    pair's anchor), the order-keeping assignment linked them backwards, two across
+    paths. Parents with one first byte say nothing of their order by it, so their
+    children go to them in the order both began, where that costs no more."""
+    from netdiag.paths.chains import Node, _assign, _Edge, _set_ranks
+
+    paths = ["/v1/messages", "/v1/stream", "/v1/stream", "/v1/messages", "/v1/stream",
+             "/v1/messages", "/v1/messages"]
+    client = conn("C1", "10.0.0.1:5000", EDGE,
+                  [req(6.3, 174.5, 174.5, path=p, stream_id=5 + 2 * i)
+                   for i, p in enumerate(paths)])
+    # another client's request in between, answered on its own
+    other = conn("C2", "10.0.0.2:5000", EDGE, [req(6.5, 175.5, 175.5, path="/v1/stream")])
+    kids = [conn(f"C{i + 3}", f"127.0.0.10:{6000 + i}", ROUTER,
+                 [req(52.5 + 2 * i, 168.0 - 0.06 * i, 168.5, path=p)])
+            for i, p in enumerate(paths)]
+    extra = conn("C10", "127.0.0.10:6100", ROUTER, [req(53.0, 169.0, 169.5, path="/v1/stream")])
+    parents = [Node.of(client, i, r) for i, r in enumerate(client.requests)]
+    parents.append(Node.of(other, 0, other.requests[0]))
+    children = [Node.of(k, 0, k.requests[0]) for k in [*kids, extra]]
+    _set_ranks(parents + children)
+    pg, cg = ("hop", "ROC", "edge"), ("hop", "ROC", "router")
+
+    def cost(p: Any, c: Any) -> float:  # the edge relays the answer 6.5 ms after the router
+        return abs((p.fb_ns - c.fb_ns) / MS - 6.5) + (30.0 if p.req.path != c.req.path else 0)
+
+    edges = [_Edge(p, c, pg, cg, cg, False, True, False, 0.0, 0.0, None, None, cost(p, c))
+             for p in parents for c in children]
+    taken = _assign(edges, False, {(pg, cg): True})
+    got = [(taken[id(c)].parent.conn.id, taken[id(c)].parent.index) for c in children]
+    assert got == [("C1", i) for i in range(7)] + [("C2", 0)], got
+
+
 def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> None:
     """Two parents of different groups spanning exactly the same time (crafted, or two
     proxies' requests stamped alike): neither is inside the other, so the choice ends."""
