@@ -883,13 +883,16 @@ def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
         if by_pair is None:
             by_pair = {(id(e.parent), id(e.child)): e for e in edges}
         fifo: list[_Edge] = []
+        more = 0.0  # what the order by start costs over the assignment's
         for p, c in zip(parents, children, strict=True):
             x = by_pair.get((id(p), id(c)))
             if x is None or x.rid:
                 break
             fifo.append(x)
-        if len(fifo) < len(block) or \
-                sum([x.cost for x in fifo]) - sum([e.cost for e in block]) > AMBIGUITY_MS:
+            more += x.cost
+        for e in block:
+            more -= e.cost
+        if len(fifo) < len(block) or more > AMBIGUITY_MS:
             continue
         for x in fifo:
             taken[id(x.child)] = x
