@@ -883,16 +883,17 @@ def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
         if by_pair is None:
             by_pair = {(id(e.parent), id(e.child)): e for e in edges}
         fifo: list[_Edge] = []
-        more = 0.0  # what the order by start costs over the assignment's
         for p, c in zip(parents, children, strict=True):
             x = by_pair.get((id(p), id(c)))
             if x is None or x.rid:
                 break
             fifo.append(x)
-            more += x.cost
-        for e in block:
-            more -= e.cost
-        if len(fifo) < len(block) or more > AMBIGUITY_MS:
+        if len(fifo) < len(block):
+            continue  # a pair in start order that is no candidate
+        more = 0.0  # what the order by start costs over the assignment's
+        for x, e in zip(fifo, block, strict=True):
+            more += x.cost - e.cost
+        if more > AMBIGUITY_MS:
             continue
         for x in fifo:
             taken[id(x.child)] = x
