@@ -196,6 +196,9 @@ _METHOD_PENALTY_MS: Final = 50.0
 _PATH_PENALTY_MS: Final = 20.0
 _SIZE_PENALTY_MS: Final = 5.0
 _ADDRESS_BONUS_MS: Final = 0.5
+_UNRELAYED_PENALTY_MS: Final = _LATE_PENALTY_MS
+"""Where a pair relays answers (its anchor is the first byte, and its parents answered
+after their children), a parent that answered before the child cannot have relayed it."""
 _RID_COST: Final = -1e9
 _INF: Final = float("inf")
 _NO_EDGE: Final = object()
@@ -709,6 +712,9 @@ class _PairStats:
     iqr_so: float
     med_eo: float | None
     iqr_eo: float | None
+    low_eo: float | None
+    """Lower quartile of the end offsets: not below zero where the parent's answers
+    came after its children's (relays)."""
     med_slack: float | None
     address_share: float
 
@@ -747,6 +753,7 @@ def _stats(edges: Sequence[_Edge]) -> _PairStats:
         len(edges), quantile(so, 0.5), quantile(so, 0.75) - quantile(so, 0.25),
         quantile(eo, 0.5) if eo else None,
         (quantile(eo, 0.75) - quantile(eo, 0.25)) if eo else None,
+        quantile(eo, 0.25) if eo else None,
         quantile(sl, 0.5) if sl else None,
         address / len(edges))
 
@@ -759,6 +766,9 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
     dso = abs(e.so - st.med_so)
     deo = abs(e.eo - st.med_eo) if e.eo is not None and st.med_eo is not None else None
     if st.anchor_is_end and deo is not None:
+        if e.eo is not None and e.eo < 0 and st.low_eo is not None and st.low_eo >= 0:
+            # the pair relays its children's answers, and this parent answered first
+            return e.base + _UNRELAYED_PENALTY_MS + deo + 0.01 * dso
         return e.base + deo + 0.01 * dso
     return e.base + dso + (0.01 * deo if deo is not None else 0.0)
 

@@ -15,6 +15,7 @@ from paths_synth import (
     ROUTER,
     conn,
     dpf_request,
+    ns,
     req,
     resp,
     roc_request,
@@ -439,3 +440,55 @@ def test_random_small_topologies_link_into_trees() -> None:
                 assert n.parent is None, (seed, "a loop of parents")
             for root in chains.roots:
                 chains.steps(root)
+
+
+def _buffering_edge() -> tuple[list[Connection], list[tuple[str, str]]]:
+    """An nginx-like edge (it forwards a request once its body is in, from 127.0.0.1,
+    to a router) on a loaded machine: 24 overlapping requests, bodies of 1 to 8 ms,
+    answers relayed about 0.07 ms after the router's, except two relayed late (12 and
+    8.2 ms), the first of them just before the second's router answered. Returns the
+    connections and (router connection, edge connection) of every true link."""
+    import random
+
+    rng = random.Random(23)
+    late = {10: 12.0, 12: 8.2}  # client request -> how late its answer was relayed
+    rows = []
+    for i in range(24):
+        ts = 2.0 * i + rng.uniform(0.0, 1.0)
+        body_end = ts + rng.uniform(1.0, 8.0)
+        r_ts = body_end + rng.uniform(0.08, 0.11)
+        r_fb = r_ts + rng.uniform(40.0, 90.0)
+        rows.append([ts, body_end, r_ts, r_fb, rng.uniform(5.0, 15.0)])
+    # request 10 relays its answer 0.068 ms before request 12's router answers, and its
+    # answer outlasts 12's router request, so that one lies inside it
+    rows[12][4] = 0.07
+    rows[10][3] = rows[12][3] - late[10] - 0.068
+    rows[10][4] = 20.0
+    conns: list[Connection] = []
+    truth = []
+    for i, (ts, body_end, r_ts, r_fb, length) in enumerate(rows):
+        relay = late.get(i, 0.07 + rng.uniform(-0.01, 0.01))
+        edge = req(ts, r_fb + relay, r_fb + length + 0.05, method="POST")
+        edge.end_ns = ns(body_end)
+        router = req(r_ts, r_fb, r_fb + length, method="POST", protocol="http/1.1")
+        conns.append(conn(f"C{2 * i + 1}", f"127.0.0.2:{40000 + i}", EDGE, [edge]))
+        conns.append(conn(f"C{2 * i + 2}", f"127.0.0.1:{41000 + i}", ROUTER, [router],
+                          protocol="http/1.1"))
+        truth.append((f"C{2 * i + 2}", f"C{2 * i + 1}"))
+    return conns, truth
+
+
+def test_a_parent_that_answered_first_did_not_relay_the_answer() -> None:
+    """Live nginx beside two CPU burners: an edge request relayed its router's answer
+    12 ms late, 0.07 ms before another request's router answered, and so looked like that
+    other request's relay (the pair's typical offset) and took its router request as a
+    second child. Where a pair relays answers, a parent that answered before the child
+    cannot have relayed it."""
+    conns, truth = _buffering_edge()
+    for chains in (link_requests(conns), attribute(conns, parse_profile(PROFILE))):
+        got = []
+        for child_id, _ in truth:
+            node = chains.node(child_id, 0)
+            assert node is not None
+            got.append((child_id, node.parent.conn.id if node.parent else None))
+        assert got == truth
