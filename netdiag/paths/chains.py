@@ -27,11 +27,13 @@ matching over the whole capture, each parent taking at most one child of the kin
 (then, for children left over, a second call of the same kind): edges are taken in
 order of cost, cheapest first. The cost of an edge is how far its timing strays from
 what that pair of hops does typically (the start offset ``U.ts - P.ts`` of a call made
-on arrival, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is
-relayed: whichever is steadier for the pair), plus penalties for a different method,
-path or body size, and for a call after ``P``'s first byte; sending from the parent's
-server address lowers it a little. The typical offsets come from a first matching by
-adjacency. A child linked through several hops (an origin request lies inside both the
+on arrival, the request-end offset ``U.ts - P.end`` of a call made once ``P``'s body was
+in, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is relayed:
+whichever is steadier for the pair), plus penalties for a different method, path or body
+size, for a call after ``P``'s first byte, and, where the pair relays answers, for a
+parent that answered before the child; sending from the parent's server address lowers
+it a little. The typical offsets come from first matchings by adjacency, one per
+anchor. A child linked through several hops (an origin request lies inside both the
 router's and the edge's request) goes to the nearest hop that its own assignment made
 the child's caller (:func:`_innermost`), else to the innermost parent.
 
@@ -267,6 +269,9 @@ class Node:
     """The request's first byte (``req.first_byte_ns``)."""
     end_ns: int
     """Its last byte, else its first byte, else its start."""
+    rend_ns: int
+    """The request's own last byte (``req.end_ns``: END_STREAM, the end of its body), else
+    its start."""
     window_end_ns: int
     """End of the time this request may have caused others: its last byte, or the end
     of its connection when the answer never ended in the capture."""
@@ -307,7 +312,7 @@ class Node:
     num: int = 0
     """Set by the linker: its number among the linked nodes (0 to their count less
     one): maps keyed by a pair of nodes use one integer, not a tuple of two ids."""
-    ranks: tuple[int, int, int, int] = (0, 0, 0, 0)
+    ranks: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
     :func:`_rank`, so that sorting and comparing by arrival is by one integer (four
     machine integers inside the node, compiled: no tuple and no int objects)."""
@@ -337,13 +342,13 @@ class Node:
     not through a large table's scattered entries."""
 
     def __init__(self, conn: Connection, index: int, req: Request, ts_ns: int, fb_ns: int | None,
-                 end_ns: int, window_end_ns: int, server: str, conn_id: str,
+                 end_ns: int, rend_ns: int, window_end_ns: int, server: str, conn_id: str,
                  group: tuple[Any, ...] = (), kind: tuple[Any, ...] = (), rid: str | None = None,
                  resp: bool = False, parent: Node | None = None,
                  children: list[Node] | None = None, link: str | None = None,
                  candidates: int = 0, syn_first_ns: int | None = None,
                  from_parent_address: bool = False, opened: bool = False, num: int = 0,
-                 ranks: tuple[int, int, int, int] = (0, 0, 0, 0), taken_in: int = 0,
+                 ranks: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0), taken_in: int = 0,
                  client_ip: str = "", server_ip: str = "",
                  same_rid: dict[tuple[Any, ...], list[Node]] | None = None,
                  left_out: list[tuple[float, int, bool, float] | None] | None = None,
@@ -356,6 +361,7 @@ class Node:
         self.ts_ns = ts_ns
         self.fb_ns = fb_ns
         self.end_ns = end_ns
+        self.rend_ns = rend_ns
         self.window_end_ns = window_end_ns
         self.server = server
         self.conn_id = conn_id
@@ -398,8 +404,10 @@ class Node:
                 window_end = f
             if ts > window_end:
                 window_end = ts
+        sent = req.end_ns
         # Node(...), not cls(...): compiled, a call through ``cls`` is a Python-level call
-        return Node(conn, index, req, ts, fb, last or fb or ts, window_end, conn.server,
+        return Node(conn, index, req, ts, fb, last or fb or ts,
+                    sent if sent is not None and sent > ts else ts, window_end, conn.server,
                     conn.id)
 
     @property
@@ -682,12 +690,14 @@ class _Edge:
     """End offset: parent first byte minus child first byte (ms)."""
     slack: float | None
     """Parent wait minus child wait (ms)."""
+    ro: float
+    """Request-end offset: child start minus the parent request's last byte (ms)."""
     cost: float = 0.0
 
     def __init__(self, parent: Node, child: Node, pgroup: tuple[Any, ...],
                  cgroup: tuple[Any, ...], kind: tuple[Any, ...], rid: bool, declared: bool,
                  address: bool, base: float, so: float, eo: float | None, slack: float | None,
-                 cost: float = 0.0) -> None:
+                 cost: float = 0.0, ro: float | None = None) -> None:
         self.parent = parent
         self.child = child
         self.pgroup = pgroup
@@ -700,7 +710,17 @@ class _Edge:
         self.so = so
         self.eo = eo
         self.slack = slack
+        self.ro = so if ro is None else ro
         self.cost = cost
+
+
+_START: Final = 0
+"""A pair's anchor: the parent's start (a call made on arrival)."""
+_FB: Final = 1
+"""A pair's anchor: the parent's first byte (an answer relayed)."""
+_REND: Final = 2
+"""A pair's anchor: the parent request's last byte (a call made once the request's body
+was in: a proxy that buffers it, a router that counts the prompt's tokens)."""
 
 
 @dataclass(slots=True)
@@ -717,34 +737,52 @@ class _PairStats:
     came after its children's (relays)."""
     med_slack: float | None
     address_share: float
+    med_ro: float = 0.0
+    iqr_ro: float = 0.0
 
-    end: bool | None = None
-    """The anchor chosen by the first estimates (None: the steadier offset here)."""
+    chosen: int | None = None
+    """The anchor chosen by the first estimates (:data:`_START`, :data:`_FB` or
+    :data:`_REND`; None: the steadier of the start and end offsets here)."""
     chance_ms: float | None = None
     """Median gap between successive parents' anchors: how far a child taken by
     chance would stray where parents are dense (the slack the parent leaves, where
     they are few and long: the smaller of the two is :attr:`coupling`'s scale)."""
 
     @property
+    def anchor(self) -> int:
+        """The offset the pair's cost measures: :data:`_START`, :data:`_FB` or
+        :data:`_REND`."""
+        chosen = self.chosen
+        if chosen is not None:
+            return _START if chosen == _FB and self.iqr_eo is None else chosen
+        return _FB if self.iqr_eo is not None and self.iqr_eo < self.iqr_so else _START
+
+    @property
     def anchor_is_end(self) -> bool:
-        if self.end is not None:
-            return self.end and self.iqr_eo is not None
-        return self.iqr_eo is not None and self.iqr_eo < self.iqr_so
+        return self.anchor == _FB
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the anchor's offset (ms)."""
+        anchor = self.anchor
+        if anchor == _FB and self.iqr_eo is not None:
+            return self.iqr_eo
+        return self.iqr_ro if anchor == _REND else self.iqr_so
 
     @property
     def coupling(self) -> float:
         """Spread of the anchor offset over what chance gives: a child paired with the
         first parent to come by chance strays by about the gap between parents; one a
         proxy made strays by the proxy's jitter only."""
-        spread = self.iqr_eo if self.anchor_is_end and self.iqr_eo is not None else self.iqr_so
         scales = [x for x in (self.chance_ms, self.med_slack) if x is not None]
-        return spread / max(min(scales) if scales else 0.0, 0.001)
+        return self.spread / max(min(scales) if scales else 0.0, 0.001)
 
 
 def _stats(edges: Sequence[_Edge]) -> _PairStats:
     so = sorted([e.so for e in edges])
     eo = sorted([e.eo for e in edges if e.eo is not None])
     sl = sorted([e.slack for e in edges if e.slack is not None])
+    ro = sorted([e.ro for e in edges])
     address = 0
     for e in edges:
         if e.address:
@@ -755,7 +793,7 @@ def _stats(edges: Sequence[_Edge]) -> _PairStats:
         (quantile(eo, 0.75) - quantile(eo, 0.25)) if eo else None,
         quantile(eo, 0.25) if eo else None,
         quantile(sl, 0.5) if sl else None,
-        address / len(edges))
+        address / len(edges), quantile(ro, 0.5), quantile(ro, 0.75) - quantile(ro, 0.25))
 
 
 def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
@@ -765,11 +803,14 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
         return e.base + min(e.so, e.eo if e.eo is not None and e.eo >= 0 else e.so)
     dso = abs(e.so - st.med_so)
     deo = abs(e.eo - st.med_eo) if e.eo is not None and st.med_eo is not None else None
-    if st.anchor_is_end and deo is not None:
+    anchor = st.anchor
+    if anchor == _FB and deo is not None:
         if e.eo is not None and e.eo < 0 and st.low_eo is not None and st.low_eo >= 0:
             # the pair relays its children's answers, and this parent answered first
             return e.base + _UNRELAYED_PENALTY_MS + deo + 0.01 * dso
         return e.base + deo + 0.01 * dso
+    if anchor == _REND:
+        return e.base + abs(e.ro - st.med_ro) + (0.01 * deo if deo is not None else 0.0)
     return e.base + dso + (0.01 * deo if deo is not None else 0.0)
 
 
@@ -783,29 +824,35 @@ def _half(edges: Sequence[_Edge], st: _PairStats | None) -> float:
     return costs[len(costs) // 2]
 
 
-def _anchor_ns(n: Node, end: bool, child: bool = False) -> int:
+def _anchor_ns(n: Node, anchor: int, child: bool = False) -> int:
     """The time a pair's steadier offset is measured from: the request's first byte
-    (a relayed answer) or its start (a call made on arrival; for a call that opened its
-    connection, the SYN: the proxy decided to call then)."""
-    if end and n.fb_ns is not None:
+    (a relayed answer), its last byte as a parent (a call made once its body was in) or
+    its start (a call made on arrival; for a call that opened its connection, the SYN:
+    the proxy decided to call then)."""
+    if anchor == _FB and n.fb_ns is not None:
         return n.fb_ns
-    if child and n.syn_first_ns is not None:
-        return n.syn_first_ns
-    return n.ts_ns
+    if child:
+        syn = n.syn_first_ns
+        return n.ts_ns if syn is None else syn
+    return n.rend_ns if anchor == _REND else n.ts_ns
 
 
-def _order(n: Node, end: bool, child: bool = False) -> tuple[int, int, str, int]:
+def _order(n: Node, anchor: int, child: bool = False) -> tuple[int, int, str, int]:
     """Arrival order: the anchor time, then the start, then (requests that arrived in
     one packet) their order on the connection."""
-    return _anchor_ns(n, end, child), n.ts_ns, n.conn_id, n.index
+    return _anchor_ns(n, anchor, child), n.ts_ns, n.conn_id, n.index
+
+
+_ORDERS: Final = ((_START, False), (_FB, False), (_START, True), (_FB, True), (_REND, False))
+"""The arrival orders :func:`_set_ranks` ranks, by their place in ``Node.ranks``."""
 
 
 def _set_ranks(nodes: Sequence[Node]) -> None:
-    """Each node's place in the four arrival orders (:func:`_order` by start or first
-    byte, as a parent or as a child): ``node.ranks``, read by :func:`_rank`. The orders
-    are total (a node's connection and index break every tie): each is sorted by its
-    anchor time, then by the place in the order by start (the first of the four), as
-    one integer per node."""
+    """Each node's place in the five arrival orders (:func:`_order` by start or first
+    byte, as a parent or as a child, and by the request's last byte as a parent:
+    :data:`_ORDERS`): ``node.ranks``, read by :func:`_rank`. The orders are total (a
+    node's connection and index break every tie): each is sorted by its anchor time,
+    then by the place in the order by start (the first), as one integer per node."""
     n = len(nodes)
     if not n:
         return
@@ -828,9 +875,9 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
         base[k] = r
     places: list[list[int]] = [base]
     seen: list[list[int]] = []  # the anchors of each order so far (by start: none)
-    for v in range(1, 4):
-        end, child = bool(v & 1), bool(v & 2)
-        anchors = [_anchor_ns(nd, end, child) for nd in nodes]
+    for v in range(1, len(_ORDERS)):
+        anchor, child = _ORDERS[v]
+        anchors = [_anchor_ns(nd, anchor, child) for nd in nodes]
         if all(a == nd.ts_ns for a, nd in zip(anchors, nodes, strict=True)):
             places.append(base)  # every anchor is the start: the order by start
             seen.append(anchors)
@@ -847,28 +894,31 @@ def _set_ranks(nodes: Sequence[Node]) -> None:
             place[k] = r
         places.append(place)
     for i, nd in enumerate(nodes):
-        nd.ranks = (places[0][i], places[1][i], places[2][i], places[3][i])
+        nd.ranks = (places[0][i], places[1][i], places[2][i], places[3][i], places[4][i])
 
 
-def _rank(n: Node, end: bool, child: bool = False) -> int:
-    """The node's place in the arrival order :func:`_order` (``end``, ``child``) gives."""
+def _rank(n: Node, anchor: int, child: bool = False) -> int:
+    """The node's place in the arrival order :func:`_order` (``anchor``, ``child``)
+    gives."""
     r = n.ranks
     if child:
-        return r[3] if end else r[2]
-    return r[1] if end else r[0]
+        return r[3] if anchor == _FB else r[2]
+    if anchor == _FB:
+        return r[1]
+    return r[4] if anchor == _REND else r[0]
 
 
-def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, end: bool) -> bool:
+def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, anchor: int) -> bool:
     """Parents and children in the same order (first come, first served). Two answers
     relayed in one packet say nothing of their order: their starts decide then."""
-    if end and _anchor_ns(p1, True) == _anchor_ns(p2, True):
-        end = False
-    return ((_rank(p1, end) < _rank(p2, end))
-            == (_rank(c1, end, True) < _rank(c2, end, True)))
+    if anchor == _FB and _anchor_ns(p1, _FB) == _anchor_ns(p2, _FB):
+        anchor = _START
+    return ((_rank(p1, anchor) < _rank(p2, anchor))
+            == (_rank(c1, anchor, True) < _rank(c2, anchor, True)))
 
 
 def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
-                      ends: Mapping[tuple[Any, Any], bool]) -> None:
+                      anchors: Mapping[tuple[Any, Any], int]) -> None:
     """Parents whose answers left in one packet (one first byte) say nothing of their
     order by it: where a pair's anchor is the first byte, their children go to them in
     the order both began (first come, first served), when that costs no more than
@@ -876,7 +926,7 @@ def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
     router that answered them in another order would reverse them."""
     blocks: dict[tuple[Any, Any, int], list[_Edge]] = {}
     for e in taken.values():
-        if e.rid or e.parent.fb_ns is None or not ends.get((e.pgroup, e.cgroup), False):
+        if e.rid or e.parent.fb_ns is None or anchors.get((e.pgroup, e.cgroup), _START) != _FB:
             continue
         key = (e.pgroup, e.cgroup, e.parent.fb_ns)
         block = blocks.get(key)
@@ -888,8 +938,8 @@ def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
     for block in blocks.values():
         if len(block) < 2:
             continue
-        parents = sorted([e.parent for e in block], key=lambda n: _rank(n, False))
-        children = sorted([e.child for e in block], key=lambda n: _rank(n, False, True))
+        parents = sorted([e.parent for e in block], key=lambda n: _rank(n, _START))
+        children = sorted([e.child for e in block], key=lambda n: _rank(n, _START, True))
         if by_pair is None:
             by_pair = {(id(e.parent), id(e.child)): e for e in edges}
         fifo: list[_Edge] = []
@@ -910,22 +960,22 @@ def _relayed_together(taken: dict[int, _Edge], edges: Sequence[_Edge],
 
 
 def _fifo_repair(taken: dict[int, _Edge], edges: Sequence[_Edge],
-                 ends: Mapping[tuple[Any, Any], bool]) -> None:
+                 anchors: Mapping[tuple[Any, Any], int]) -> None:
     """Among assignments within :data:`AMBIGUITY_MS` of each other, keep the one that
     preserves order (a proxy forwards, and relays answers, first come first served):
     swap the children of neighbouring parents whose children are out of order when the
     swap costs no more than that."""
     by_pair: dict[tuple[int, int], _Edge] | None = None  # built at the first need
     chosen = sorted(taken.values(), key=lambda e: _rank(
-        e.parent, ends.get((e.pgroup, e.cgroup), False)))
+        e.parent, anchors.get((e.pgroup, e.cgroup), _START)))
     for _ in range(8):
         changed = False
         for i in range(len(chosen) - 1):
             a, b = chosen[i], chosen[i + 1]
             if a.rid or b.rid:
                 continue
-            end = ends.get((a.pgroup, a.cgroup), False)
-            if _in_order(a.parent, a.child, b.parent, b.child, end):
+            anchor = anchors.get((a.pgroup, a.cgroup), _START)
+            if _in_order(a.parent, a.child, b.parent, b.child, anchor):
                 continue
             if by_pair is None:
                 by_pair = {(id(e.parent), id(e.child)): e for e in edges}
@@ -944,20 +994,20 @@ _MATCH_VALUE: Final = 1e6
 """Value of one link in the ordered assignment: more links first, then less cost."""
 
 
-def _assign_ordered(edges: Sequence[_Edge], end: bool) -> dict[int, _Edge]:
+def _assign_ordered(edges: Sequence[_Edge], anchor: int) -> dict[int, _Edge]:
     """The order-preserving assignment of most value (each link :data:`_MATCH_VALUE`
     less its cost): parents and children both in arrival order, as a proxy handles them
     first come, first served (a token call goes out in the order the requests came;
     answers are relayed in the order they came back). A weighted longest increasing
     chain over the candidate links, with a Fenwick tree of prefix maxima: O(E log n)."""
     parents = sorted({id(e.parent): e.parent for e in edges}.values(),
-                     key=lambda n: _rank(n, end))
+                     key=lambda n: _rank(n, anchor))
     pidx = {id(p): i for i, p in enumerate(parents)}
     by_child: dict[int, list[_Edge]] = defaultdict(list)
     for e in edges:
         by_child[id(e.child)].append(e)
     children = sorted((lst[0].child for lst in by_child.values()),
-                      key=lambda n: _rank(n, end, True))
+                      key=lambda n: _rank(n, anchor, True))
     size = len(parents)
     best = [-1.0] * (size + 1)
     ptr = [-1] * (size + 1)
@@ -1058,7 +1108,7 @@ def _separate(edges: Sequence[_Edge]) -> bool:
 
 
 def _assign(edges: list[_Edge], second: bool,
-            ends: Mapping[tuple[Any, Any], bool] | None = None) -> dict[int, _Edge]:
+            anchors: Mapping[tuple[Any, Any], int] | None = None) -> dict[int, _Edge]:
     """Equal request ids first; then the links the evidence decides (:func:`_decisive`);
     then the order-preserving assignment of most value (:func:`_assign_ordered`) for
     what timing alone cannot tell apart; then, cheapest first, children left over with
@@ -1072,7 +1122,7 @@ def _assign(edges: list[_Edge], second: bool,
             if not e.rid:
                 taken[id(e.child)] = e
         return taken
-    ends = ends or {}
+    anchors = anchors or {}
     taken = {}
     used: set[int] = set()
     for e in edges:
@@ -1082,11 +1132,14 @@ def _assign(edges: list[_Edge], second: bool,
     _decisive([e for e in edges if not e.rid], taken, used)
     rest = [e for e in edges if not e.rid and id(e.child) not in taken
             and id(e.parent) not in used]
-    votes: dict[bool, int] = defaultdict(int)
+    votes = [0, 0, 0]  # per anchor
     for e in rest:
-        votes[ends.get((e.pgroup, e.cgroup), False)] += 1
-    end = votes[True] > votes[False]
-    for c, e in _assign_ordered(rest, end).items():
+        votes[anchors.get((e.pgroup, e.cgroup), _START)] += 1
+    anchor = _START  # the most votes (a tie: the start, then the first byte)
+    for a in (_FB, _REND):
+        if votes[a] > votes[anchor]:
+            anchor = a
+    for c, e in _assign_ordered(rest, anchor).items():
         taken[c] = e
         used.add(id(e.parent))
     edges.sort(key=lambda e: (e.cost, e.child.ts_ns, e.parent.ts_ns))
@@ -1096,8 +1149,8 @@ def _assign(edges: list[_Edge], second: bool,
             continue
         taken[c] = e
         used.add(p)
-    _relayed_together(taken, edges, ends)
-    _fifo_repair(taken, edges, ends)
+    _relayed_together(taken, edges, anchors)
+    _fifo_repair(taken, edges, anchors)
     if second:
         extra: set[int] = set()
         for e in edges:
@@ -1109,40 +1162,55 @@ def _assign(edges: list[_Edge], second: bool,
     return taken
 
 
-def _median_gap(parents: Sequence[Node], end: bool) -> float | None:
+def _median_gap(parents: Sequence[Node], anchor: int) -> float | None:
     """Median gap (ms) between successive anchors of ``parents``, None for fewer than
     two."""
-    ts = sorted([_anchor_ns(n, end) for n in parents])
+    ts = sorted([_anchor_ns(n, anchor) for n in parents])
     gaps = sorted([b - a for a, b in pairwise(ts)])
     return gaps[len(gaps) // 2] / 1e6 if gaps else None
 
 
+REND_MARGIN: Final = 0.5
+"""The request end is a pair's anchor only where its offset's spread (over what chance
+gives) is at most this share of the start's and the first byte's: where bodies come
+with their headers the two offsets differ by noise only."""
+
+
 def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, Any], _PairStats],
+               rends: dict[tuple[Any, Any], _PairStats],
                parents: Mapping[tuple[Any, ...], Sequence[Node]]
                ) -> dict[tuple[Any, Any], _PairStats]:
     """Per pair of groups, its typical timing from a first-come-first-served assignment
-    in start order (``starts``) and one in first-byte order (``ends``): whichever makes
-    its own offset the steadier is the pair's anchor (a token call goes out on arrival;
+    in start order (``starts``), one in first-byte order (``ends``) and one in the
+    order the parents' requests ended (``rends``, only where some request of the parent
+    group ended after it began): whichever makes its own offset the steadier is the
+    pair's anchor (a token call goes out on arrival, or once the request's body is in;
     an origin's answer is relayed). ``parents``: per parent group, its requests that
     contain a candidate child (the gaps between them are what chance gives)."""
-    gaps_of: dict[tuple[Any, ...], tuple[float | None, float | None]] = {}
+    gaps_of: dict[tuple[Any, ...], tuple[float | None, float | None, float | None]] = {}
     out: dict[tuple[Any, Any], _PairStats] = {}
-    for pair in set(starts) | set(ends):
-        a, b = starts.get(pair), ends.get(pair)
+    for pair in set(starts) | set(ends) | set(rends):
+        a, b, r = starts.get(pair), ends.get(pair), rends.get(pair)
         got = gaps_of.get(pair[0])
         if got is None:  # per parent group, not per pair: a group is parent to many
             marked = parents.get(pair[0], ())
-            got = gaps_of[pair[0]] = (_median_gap(marked, False), _median_gap(marked, True))
-        ga, gb = got
+            got = gaps_of[pair[0]] = (_median_gap(marked, _START), _median_gap(marked, _FB),
+                                      _median_gap(marked, _REND))
+        ga, gb, gr = got
         ca = a.iqr_so / max(ga or 0.0, 0.001) if a is not None else None
         cb = (b.iqr_eo / max(gb or 0.0, 0.001)
               if b is not None and b.iqr_eo is not None else None)
-        if cb is not None and (ca is None or cb < ca):
+        cr = r.iqr_ro / max(gr or 0.0, 0.001) if r is not None else None
+        if cr is not None and all(c is None or cr <= REND_MARGIN * c for c in (ca, cb)):
+            assert r is not None
+            r.chosen, r.chance_ms = _REND, gr
+            out[pair] = r
+        elif cb is not None and (ca is None or cb < ca):
             assert b is not None
-            b.end, b.chance_ms = True, gb
+            b.chosen, b.chance_ms = _FB, gb
             out[pair] = b
         elif a is not None:
-            a.end, a.chance_ms = False, ga
+            a.chosen, a.chance_ms = _START, ga
             out[pair] = a
     return out
 
@@ -1157,15 +1225,15 @@ def _matching(edges: list[_Edge], stats: Mapping[tuple[Any, Any], _PairStats],
     for e in edges:
         e.cost = _timing_cost(e, stats.get((e.pgroup, e.cgroup)))
         by_gk[(e.pgroup, e.kind if by_kind else e.cgroup)].append(e)
-    ends = {k: st.anchor_is_end for k, st in stats.items()}
-    return {gk: _assign(lst, second, ends) for gk, lst in by_gk.items()}
+    anchors = {k: st.anchor for k, st in stats.items()}
+    return {gk: _assign(lst, second, anchors) for gk, lst in by_gk.items()}
 
 
 def _keep_anchors(new: dict[tuple[Any, Any], _PairStats],
                   old: Mapping[tuple[Any, Any], _PairStats]) -> dict[tuple[Any, Any], _PairStats]:
     for k, st in new.items():
         if k in old:
-            st.end, st.chance_ms = old[k].end, old[k].chance_ms
+            st.chosen, st.chance_ms = old[k].chosen, old[k].chance_ms
     return new
 
 
@@ -1280,6 +1348,13 @@ class _Parents:
     """:attr:`by_start`, :attr:`by_fb` and :attr:`no_fb` once a walk for the cheapest
     candidates first needs them (the first estimates do not: the parents of a pair
     whose timing is chance never need them)."""
+    rend_pos: list[int] | None = None
+    """Positions (in ``lst``) by the request's last byte (then start), once needed
+    (:meth:`rend_keys`)."""
+    rends: list[int] | None = None
+    """The requests' last bytes in that order."""
+    rend_order: _Order | None = None
+    """:attr:`by_rend` once a walk needs it."""
 
     @classmethod
     def of(cls, lst: list[Node], num: int = 0) -> _Parents:
@@ -1318,6 +1393,25 @@ class _Parents:
     def no_fb(self) -> _Order:
         """Those without a first byte, by start."""
         return self._orders()[2]
+
+    def rend_keys(self) -> tuple[list[int], list[int]]:
+        """(positions in ``lst``, request ends) in the order the requests ended."""
+        pos, keys = self.rend_pos, self.rends
+        if pos is None or keys is None:
+            lst = self.lst
+            pos = self.rend_pos = sorted(range(len(lst)), key=lambda k: (lst[k].rend_ns, k))
+            keys = self.rends = [lst[k].rend_ns for k in pos]
+        return pos, keys
+
+    @property
+    def by_rend(self) -> _Order:
+        """All of them, by the request's last byte."""
+        got = self.rend_order
+        if got is None:
+            pos, keys = self.rend_keys()
+            got = self.rend_order = _Order.of(keys, pos, [self.ends[k] for k in pos],
+                                              [self.starts[k] for k in pos])
+        return got
 
 
 class _PairCount:
@@ -1692,30 +1786,41 @@ class _Linker:
         that have a declared candidate (:attr:`declared_pairs`)."""
         starts: dict[tuple[Any, Any], dict[int, _Edge]] = {}
         ends: dict[tuple[Any, Any], dict[int, _Edge]] = {}
+        rends: dict[tuple[Any, Any], dict[int, _Edge]] = {}
         parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
+        sent_later: dict[tuple[Any, ...], bool] = {}  # per parent group: a request ended late
         for pair, kids in self._children_of_pairs().items():
-            starts[pair] = self._fifo(pair, kids, False)
-            ends[pair] = self._fifo(pair, kids, True)
+            starts[pair] = self._fifo(pair, kids, _START)
+            ends[pair] = self._fifo(pair, kids, _FB)
+            later = sent_later.get(pair[0])
+            if later is None:
+                later = sent_later[pair[0]] = any(
+                    n.rend_ns != n.ts_ns for n in self._groups.get(pair[0], ()))
+            if later:  # else its order and offsets are those by start
+                rends[pair] = self._fifo(pair, kids, _REND)
             marked = self._with_candidates(pair, kids)
             parents[pair[0]].update(marked)
             if marked and (self.pair_info[pair][0]
                            or any(p.conn_id in self.trusted for p in marked.values())):
                 self.declared_pairs.add(pair)
-        return _estimates(_pair_stats(starts), _pair_stats(ends),
+        return _estimates(_pair_stats(starts), _pair_stats(ends), _pair_stats(rends),
                           {g: list(d.values()) for g, d in parents.items()})
 
-    def _fifo(self, pair: tuple[Any, Any], kids: list[Node], end: bool) -> dict[int, _Edge]:
+    def _fifo(self, pair: tuple[Any, Any], kids: list[Node], anchor: int) -> dict[int, _Edge]:
         """First estimate, first come first served: each child in order takes the
         earliest free parent that contains it (an equal request id first) and that it
-        does not follow after the parent's first byte. ``end``: in the order of first
-        bytes, parents answering after the child (an answer relayed), else of starts
-        (a call made on arrival). Parents taken, or whose window closed before every
-        child still to come, are skipped once and for all (:func:`_find`)."""
+        does not follow after the parent's first byte. ``anchor`` :data:`_FB`: in the
+        order of first bytes, parents answering after the child (an answer relayed);
+        :data:`_REND`: in the order the parents' requests ended, before the child began
+        (a call made once the body was in); else of starts (a call made on arrival).
+        Parents taken, or whose window closed before every child still to come, are
+        skipped once and for all (:func:`_find`)."""
         pg, cg = pair
         declared, hopeless = self.pair_info[pair]
+        end = anchor == _FB
         if end:
             kids = [u for u in kids if u.fb_ns is not None]
-        kids = sorted(kids, key=lambda n: _rank(n, end, True))
+        kids = sorted(kids, key=lambda n: _rank(n, anchor, True))
         self._estimates_run += 1
         used = self._estimates_run  # the parents taken: ``taken_in`` equal to it
         future = [0] * len(kids)  # the least end of the children from this one on
@@ -1733,13 +1838,16 @@ class _Linker:
                 same = self._same_rid(u).get(pg, ())
                 if end:
                     same = sorted((p for p in same if p.fb_ns is not None),
-                                  key=lambda p: _rank(p, True))
+                                  key=lambda p: _rank(p, _FB))
+                elif anchor == _REND:
+                    same = sorted(same, key=lambda p: _rank(p, _REND))
                 for p in same:
                     if p.taken_in == used:
                         continue
                     cand = self._edge_of(p, u, pg, cg, declared)
                     if cand is None or cand.base >= _LATE_PENALTY_MS or (
-                            end and (cand.eo is None or cand.eo < 0)):
+                            end and (cand.eo is None or cand.eo < 0)) or (
+                            anchor == _REND and cand.ro < 0):
                         continue
                     e = cand
                     break
@@ -1750,25 +1858,38 @@ class _Linker:
                     got = links[with_id] = (sub, list(range(
                         (len(sub.fb_pos) if end else len(sub.lst)) + 1)))
                 sub, nxt = got
-                e = (self._fifo_by_end(u, sub, nxt, used, pair, declared) if end else
-                     self._fifo_by_start(u, sub, nxt, used, future[i], pair, declared))
+                if end:
+                    e = self._fifo_by_end(u, sub, nxt, used, pair, declared)
+                elif anchor == _REND:
+                    rend_pos, rends = sub.rend_keys()
+                    e = self._fifo_in(u, sub, rend_pos, rends, nxt, used, future[i], pair,
+                                      declared)
+                else:
+                    e = self._fifo_in(u, sub, None, sub.starts, nxt, used, future[i], pair,
+                                      declared)
             if e is not None:
                 taken[id(u)] = e
                 e.parent.taken_in = used
         return taken
 
-    def _fifo_by_start(self, u: Node, sub: _Parents, nxt: list[int], used: int,
-                       closed: int, pair: tuple[Any, Any], declared: bool) -> _Edge | None:
+    def _fifo_in(self, u: Node, sub: _Parents, pos: list[int] | None, keys: list[int],
+                 nxt: list[int], used: int, closed: int, pair: tuple[Any, Any],
+                 declared: bool) -> _Edge | None:
+        """The first free parent that contains ``u`` in the order ``keys`` (the starts,
+        ``pos`` None; or the request ends, ``pos`` their places in ``sub.lst``), among
+        those whose key is at most the child's start."""
         u_ts, u_end, server = u.ts_ns, u.end_ns, u.server
-        hi = _after(sub.starts, u_ts)
-        i = _find(nxt, _at(sub.starts, u_end - sub.longest))
+        starts, ends, lst = sub.starts, sub.ends, sub.lst
+        hi = _after(keys, u_ts)
+        j = _find(nxt, _at(keys, u_end - sub.longest))
         stepped = 0
-        while i < hi:
-            p = sub.lst[i]
-            if p.taken_in == used or sub.ends[i] < closed:
-                nxt[i] = i + 1
+        while j < hi:
+            k = j if pos is None else pos[j]
+            p = lst[k]
+            if p.taken_in == used or ends[k] < closed:
+                nxt[j] = j + 1
             else:
-                if sub.ends[i] >= u_end and p.server != server:
+                if ends[k] >= u_end and starts[k] <= u_ts and p.server != server:
                     e = self._edge_of(p, u, pair[0], pair[1], declared)
                     if e is not None and e.base < _LATE_PENALTY_MS:
                         self.stepped += stepped
@@ -1776,7 +1897,7 @@ class _Linker:
                 stepped += 1
                 if stepped > MAX_SCAN:
                     break
-            i = _find(nxt, i + 1)
+            j = _find(nxt, j + 1)
         self.stepped += stepped
         return None
 
@@ -2084,6 +2205,18 @@ class _Linker:
             walk(sub.by_fb, _at(fbs, earliest), _after(fbs, u_ts + sub.longest),
                  u_fb + st.med_eo * 1e6)
             by_start(sub.no_fb, st.med_so * 1e6)
+        elif st.anchor == _REND:
+            # by the parents' request ends, which no window bounds from above; sent at
+            # the SYN as the parents that began before it see it (_edge): one walk for
+            # each, and a parent met in both is costed once
+            order = sub.by_rend
+            a = _at(order.keys, earliest)
+            b = len(order.keys)
+            typical_ns = st.med_ro * 1e6
+            walk(order, a, b, u_ts - typical_ns)
+            if syn is not None:
+                walk(order, a, b, syn - typical_ns)
+                seen = set()
         else:
             by_start(sub.by_start, st.med_so * 1e6)
         heap: list[tuple[float, int, _Edge]] = []  # the dearest kept on top
@@ -2327,7 +2460,8 @@ class _Linker:
             eo = (pr.first_byte_ns - ur.first_byte_ns) / 1e6
             slack = ((pr.first_byte_ns - pr.ts_ns) - (ur.first_byte_ns - ur.ts_ns)) / 1e6
         return _Edge(p, u, pg, u.group, u.kind, rid, declared
-                     or p.conn_id in self.trusted, address, base, so, eo, slack)
+                     or p.conn_id in self.trusted, address, base, so, eo, slack,
+                     0.0, (sent - p.rend_ns) / 1e6)
 
     def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
                        matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],
@@ -2420,7 +2554,7 @@ def _loop_links(tied: dict[int, _Edge]) -> set[int]:
 
 
 def _label(e: _Edge, weighed: _Weighed, gk: tuple[Any, Any], count: int, left_out: float,
-           link_of: Callable[[Node, Node], _Edge | None], end: bool, jitter_ns: int) -> str:
+           link_of: Callable[[Node, Node], _Edge | None], anchor: int, jitter_ns: int) -> str:
     """The contract's link kind of a chosen edge. ``weighed``: the links the final
     round weighed, among them the child's candidates in the parent's group, and its
     assignments (``gk``: the one that chose ``e``); ``count`` all the candidates;
@@ -2450,14 +2584,14 @@ def _label(e: _Edge, weighed: _Weighed, gk: tuple[Any, Any], count: int, left_ou
         swap = link_of(e.parent, other.child)
         if swap is None or swap.cost + a.cost - e.cost - other.cost >= AMBIGUITY_MS:
             return False
-        pa, pe = _anchor_ns(a.parent, end), _anchor_ns(e.parent, end)
-        ca, ce = _anchor_ns(other.child, end, True), _anchor_ns(e.child, end, True)
+        pa, pe = _anchor_ns(a.parent, anchor), _anchor_ns(e.parent, anchor)
+        ca, ce = _anchor_ns(other.child, anchor, True), _anchor_ns(e.child, anchor, True)
         # requests on one connection are handled in the order they came; on two, by
         # whichever worker took each, so arrival order is evidence only when they came
         # further apart than the pair's timing varies
         unordered = (a.parent.conn is not e.parent.conn and abs(pa - pe) <= jitter_ns)
         return (unordered or (ca == ce and other.child.conn is not e.child.conn)
-                or not _in_order(e.parent, e.child, a.parent, other.child, end))
+                or not _in_order(e.parent, e.child, a.parent, other.child, anchor))
 
     for a in alts:
         if a is e or a.rid:
@@ -2651,12 +2785,12 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
         u, p = e.child, e.parent
         gk = (e.pgroup, e.kind)
         st = stats.get((e.pgroup, e.cgroup))
-        end = st is not None and st.anchor_is_end
-        jitter = 0.0 if st is None else (st.iqr_eo or 0.0) if end else st.iqr_so
+        anchor = _START if st is None else st.anchor
+        jitter = 0.0 if st is None else st.spread
         slot = linker.slot(u, e.pgroup)
         lo = linker.left_out_of(u, e.pgroup)
         left_out = -_INF if slot in linker.capped else _INF if lo is None else lo[0]
-        u.link = _label(e, weighed, gk, count, left_out, modes.link_of, end,
+        u.link = _label(e, weighed, gk, count, left_out, modes.link_of, anchor,
                         round(jitter * 1e6))
         u.candidates = count
         u.parent = p

@@ -42,6 +42,11 @@ class SimParams:
     """Range of the router's own time between its token call and its origin call."""
     think_ms: tuple[float, float] = (15.0, 60.0)
     """Range of the origin's think time."""
+    upload_ms: tuple[float, float] = (0.0, 0.0)
+    """Range of the time the client's request body takes to arrive. The edge forwards
+    the headers at once and the body as it comes; the router reads the whole body
+    before it calls the token store (it counts the prompt's tokens), over a pool of
+    connections to it."""
     direct: int = 0
     """Unrelated requests from another client straight to an origin-like server, at
     random times (a second path)."""
@@ -114,8 +119,18 @@ def simulate(p: SimParams) -> tuple[list[Connection], list[Truth]]:
         size = rng.randrange(50, 2000)
         # edge: forwards 0.2-0.6 ms after the client's request
         e0 = t + rng.uniform(0.2, 0.6)
-        # router: calls redis 0.1-0.4 ms after arrival; redis serialises (one connection)
-        s0 = max(e0 + rng.uniform(0.1, 0.4), redis_free)
+        c_end, r_end = t, e0
+        if p.upload_ms[1] > 0:  # (drawn only then: the other topologies stay the same)
+            c_end = t + rng.uniform(*p.upload_ms)
+            r_end = max(e0, c_end + rng.uniform(0.05, 0.2))
+        # router: calls redis 0.1-0.4 ms after arrival; redis serialises (one connection).
+        # With uploads, once the body is in, over a pool: the commands go out in the
+        # order the bodies came, not the requests, and a connection opened for one
+        # (its SYN 0.3 ms before the command) is opened 0.1-0.4 ms after the body
+        if p.upload_ms[1]:
+            s0 = r_end + 0.3 + rng.uniform(0.1, 0.4)
+        else:
+            s0 = max(e0 + rng.uniform(0.1, 0.4), redis_free)
         s1 = s0 + rng.uniform(0.1, 0.5)
         redis_free = s1
         own = rng.uniform(*p.router_ms)
@@ -138,16 +153,18 @@ def simulate(p: SimParams) -> tuple[list[Connection], list[Truth]]:
                                             *rid])
 
         cr = http(t, e_fb, e_lb, "h2", "api.test")
+        cr.end_ns = ns(c_end)
         cc = Connection(id="", ts_ns=ns(t - 2), client=f"127.0.0.1:{30000 + i}", server=EDGE,
                         syn_ns=ns(t - 2), handshake_ack_ns=ns(t - 1.9), handshake_seen=True,
                         protocol="h2")
         cc.requests.append(cr)
         clients.append(cc)
         rr = http(e0, r_fb, r_lb, proto, "router")
+        rr.end_ns = ns(r_end)
         rc = to_router.take(e0, r_lb, mux)
         sr = Request(ts_ns=ns(s0), first_byte_ns=ns(s1), last_byte_ns=ns(s1), method="EVALSHA",
                      path="budget", estimated=False, protocol="resp")
-        sc = to_redis.take(s0, s1, True)
+        sc = to_redis.take(s0, s1, not p.upload_ms[1])
         origin = ORIGINS[i % len(ORIGINS)]
         orq = http(o0, o_fb, o_lb, "http/1.1" if p.upstream == "http1" else "h2", "origin")
         oc = to_origin[origin].take(o0, o_lb, mux)

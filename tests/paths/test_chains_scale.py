@@ -151,8 +151,8 @@ def test_a_candidate_left_out_as_cheap_leaves_the_link_ambiguous(
 
 def test_arrival_ranks_are_the_arrival_orders() -> None:
     """``_set_ranks`` (one integer per node and order) sorts as :func:`_order` does, in
-    all four orders, with ties on the anchor broken by start, connection and index."""
-    from netdiag.paths.chains import Node, _order, _rank, _set_ranks
+    all five orders, with ties on the anchor broken by start, connection and index."""
+    from netdiag.paths.chains import _ORDERS, Node, _order, _rank, _set_ranks
 
     rng = random.Random(5)
     conns = []
@@ -161,15 +161,18 @@ def test_arrival_ranks_are_the_arrival_orders() -> None:
         for _ in range(rng.randint(1, 4)):
             ts = rng.choice([0.0, 1.0, 2.5]) + rng.randint(0, 3)  # many equal starts
             fb = None if rng.random() < 0.2 else ts + rng.choice([0.5, 1.0, 2.0])
-            reqs.append(req(ts, fb, None if fb is None else fb + 1))
+            r = req(ts, fb, None if fb is None else fb + 1)
+            if rng.random() < 0.5:  # its body ended later (some at one instant)
+                r.end_ns = r.ts_ns + rng.choice([0, 250_000, 10**6])
+            reqs.append(r)
         conns.append(conn(f"C{c + 1}", "10.0.0.1:5000", ROUTER, reqs))
     nodes = [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
     for k, nd in enumerate(nodes):
         if k % 3 == 0:
             nd.syn_first_ns = nd.ts_ns - rng.choice([0, 100, 10**6])
     _set_ranks(nodes)
-    for end in (False, True):
-        for child in (False, True):
-            want = sorted(nodes, key=lambda nd: _order(nd, end, child))
-            got = sorted(nodes, key=lambda nd: _rank(nd, end, child))
-            assert [nd.key for nd in got] == [nd.key for nd in want]
+    assert len({nd.rend_ns - nd.ts_ns for nd in nodes}) == 3
+    for anchor, child in _ORDERS:
+        want = sorted(nodes, key=lambda nd: _order(nd, anchor, child))
+        got = sorted(nodes, key=lambda nd: _rank(nd, anchor, child))
+        assert [nd.key for nd in got] == [nd.key for nd in want]
