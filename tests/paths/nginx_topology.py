@@ -56,7 +56,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -101,6 +101,9 @@ class Params:
     """``tcpdump``, ``netdiag`` or ``auto`` (tcpdump unless in a user namespace)."""
     """Every this many requests (n % sse_every == sse_every - 1) asks for SSE."""
     timeout_s: float = 60.0
+    upload_ms: tuple[float, float] = (0.0, 0.0)
+    """Range of the time the client takes to send a request's body (in three parts
+    after the headers; nginx buffers the body before it forwards the request)."""
 
     @property
     def conns(self) -> int:
@@ -121,6 +124,8 @@ class Params:
             out.append("--request-ids")
         if self.bind_upstream:
             out.append("--bind-upstream")
+        if self.upload_ms[1] > 0:
+            out += ["--upload-ms", str(self.upload_ms[0]), str(self.upload_ms[1])]
         return out
 
 
@@ -134,6 +139,23 @@ def think_ms(p: Params, n: int) -> float:
 
 def router_delay_ms(p: Params, n: int) -> float:
     return _rng(p.seed, n, "router").uniform(*p.router_delay_ms)
+
+
+def upload_ms(p: Params, n: int) -> float:
+    return _rng(p.seed, n, "upload").uniform(*p.upload_ms) if p.upload_ms[1] > 0 else 0.0
+
+
+def _slowly(body: bytes, total_ms: float) -> AsyncIterator[bytes]:
+    """The body in three parts, ``total_ms`` spread between them (httpx sends each as it
+    comes: DATA frames apart in time)."""
+    async def parts() -> AsyncIterator[bytes]:
+        third = max(1, len(body) // 3)
+        yield body[:third]
+        await asyncio.sleep(total_ms / 2000)
+        yield body[third:2 * third]
+        await asyncio.sleep(total_ms / 2000)
+        yield body[2 * third:]
+    return parts()
 
 
 def wants_sse(p: Params, n: int) -> bool:
@@ -507,9 +529,15 @@ async def _client(p: Params, ca_pem: bytes, keylog: Path) -> list[dict[str, Any]
             if p.request_ids:
                 headers["x-request-id"] = f"req_{p.seed}_{n}_{random.getrandbits(48):012x}"
             entry: dict[str, Any] = {"n": n, "worker": w, "sse": sse, "body": len(body)}
+            upload = upload_ms(p, n)
+            content: bytes | AsyncIterator[bytes] = body
+            if upload > 0:
+                content = _slowly(body, upload)
+                headers["content-length"] = str(len(body))
+                entry["upload_ms"] = upload
             t0 = time.time()
             try:
-                async with client.stream("POST", url, content=body, headers=headers,
+                async with client.stream("POST", url, content=content, headers=headers,
                                          extensions={"sni_hostname": SNI}) as resp:
                     got = b"".join([c async for c in resp.aiter_bytes()])
                     entry.update(status=resp.status_code, http_version=resp.http_version,
@@ -970,7 +998,8 @@ def _params(ns: argparse.Namespace) -> Params:
     return Params(concurrency=ns.concurrency, requests=ns.requests,
                   client_conns=ns.client_conns, request_ids=ns.request_ids,
                   router=ns.router, bind_upstream=ns.bind_upstream, seed=ns.seed,
-                  timeout_s=ns.timeout, capture=ns.capture)
+                  timeout_s=ns.timeout, capture=ns.capture,
+                  upload_ms=tuple(ns.upload_ms) if ns.upload_ms else (0.0, 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -985,6 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--capture", choices=("auto", "tcpdump", "netdiag"), default="auto")
+    ap.add_argument("--upload-ms", type=float, nargs=2, default=None)
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     p = _params(ns)

@@ -61,6 +61,10 @@ MODES: dict[str, Params] = {
     "c4-ids-on": Params(concurrency=4, requests=48, request_ids=True, router="python"),
     # one request at a time through two nginx
     "c1-serial-nginx-router": Params(concurrency=1, requests=48, router="nginx"),
+    # bodies sent over 0-20 ms: nginx forwards each request once its body is in, so
+    # the edge's upstream requests begin at the bodies' ends, not the requests' starts
+    "c16-slow-uploads": Params(concurrency=16, requests=48, router="python",
+                               upload_ms=(0.0, 20.0)),
 }
 
 Ident = tuple[str, str, int]
