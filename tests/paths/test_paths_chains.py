@@ -391,7 +391,8 @@ def test_two_requests_that_name_each_other_make_no_loop_of_parents() -> None:
 def _random_topology(seed: int) -> list[Connection]:
     """Up to 40 connections of up to 4 requests to the ROC hops, a DPF origin or Redis,
     from the client's, the edge's, the router's or the loopback address; times on a
-    coarse grid (many ties), answers missing or out of order, ids shared at random."""
+    coarse grid (many ties), answers missing or out of order, ids shared at random,
+    request bodies that end later, at once or (crafted) before the request began."""
     import random
 
     rng = random.Random(seed)
@@ -410,9 +411,12 @@ def _random_topology(seed: int) -> list[Connection]:
             if protocol == "resp":
                 reqs.append(resp(ts, fb if fb is not None else ts))
             else:
-                reqs.append(req(ts, fb, lb, rid=rng.choice([None, None, "a", "b"]),
-                                authority=rng.choice([None, "api.roc.test"]),
-                                path=rng.choice(["/a", "/b", None])))
+                r = req(ts, fb, lb, rid=rng.choice([None, None, "a", "b"]),
+                        authority=rng.choice([None, "api.roc.test"]),
+                        path=rng.choice(["/a", "/b", None]))
+                if rng.random() < 0.5:
+                    r.end_ns = ns(ts + rng.randint(-1, 8) * grid)
+                reqs.append(r)
         reqs.sort(key=lambda r: r.ts_ns)
         out.append(conn(f"C{k + 1}", f"{rng.choice(clients)}:{1000 + k}", server, reqs,
                         protocol=protocol, syn=rng.choice([None, -1]),
