@@ -697,7 +697,7 @@ class _Edge:
     def __init__(self, parent: Node, child: Node, pgroup: tuple[Any, ...],
                  cgroup: tuple[Any, ...], kind: tuple[Any, ...], rid: bool, declared: bool,
                  address: bool, base: float, so: float, eo: float | None, slack: float | None,
-                 cost: float = 0.0, ro: float | None = None) -> None:
+                 ro: float, cost: float = 0.0) -> None:
         self.parent = parent
         self.child = child
         self.pgroup = pgroup
@@ -710,7 +710,7 @@ class _Edge:
         self.so = so
         self.eo = eo
         self.slack = slack
-        self.ro = so if ro is None else ro
+        self.ro = ro
         self.cost = cost
 
 
@@ -2461,7 +2461,7 @@ class _Linker:
             slack = ((pr.first_byte_ns - pr.ts_ns) - (ur.first_byte_ns - ur.ts_ns)) / 1e6
         return _Edge(p, u, pg, u.group, u.kind, rid, declared
                      or p.conn_id in self.trusted, address, base, so, eo, slack,
-                     0.0, (sent - p.rend_ns) / 1e6)
+                     (sent - p.rend_ns) / 1e6)
 
     def accepted_pairs(self, stats: Mapping[tuple[Any, Any], _PairStats],
                        matchings: Mapping[tuple[Any, Any], dict[int, _Edge]],

@@ -273,7 +273,8 @@ def _option(parent: Connection, child: Connection, pg: str, cost: float,
     p = Node.of(parent, 0, parent.requests[0])
     u = Node.of(child, 0, child.requests[0])
     return _Edge(p, u, ("hop", "ROC", pg), ("hop", "ROC", "token-store"),
-                 ("hop", "ROC", "token-store"), rid, True, False, 0.0, 0.0, None, None, cost)
+                 ("hop", "ROC", "token-store"), rid, True, False, 0.0, 0.0, None, None, 0.0,
+                 cost)
 
 
 def test_a_child_goes_to_the_nearest_hop_that_called_it_not_a_cheaper_outer_one() -> None:
@@ -336,7 +337,8 @@ def test_answers_relayed_in_one_packet_leave_the_order_to_the_starts() -> None:
     def cost(p: Any, c: Any) -> float:  # the edge relays the answer 6.5 ms after the router
         return abs((p.fb_ns - c.fb_ns) / MS - 6.5) + (30.0 if p.req.path != c.req.path else 0)
 
-    edges = [_Edge(p, c, pg, cg, cg, False, True, False, 0.0, 0.0, None, None, cost(p, c))
+    edges = [_Edge(p, c, pg, cg, cg, False, True, False, 0.0, 0.0, None, None, 0.0,
+                   cost(p, c))
              for p in parents for c in children]
     taken = _assign(edges, False, {(pg, cg): True})
     got = [(taken[id(c)].parent.conn.id, taken[id(c)].parent.index) for c in children]
