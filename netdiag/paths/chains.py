@@ -738,7 +738,9 @@ class _PairStats:
     med_slack: float | None
     address_share: float
     med_ro: float = 0.0
+    """Median request-end offset (ms)."""
     iqr_ro: float = 0.0
+    """Interquartile range of the request-end offsets (ms)."""
 
     chosen: int | None = None
     """The anchor chosen by the first estimates (:data:`_START`, :data:`_FB` or
