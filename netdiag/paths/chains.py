@@ -314,7 +314,7 @@ class Node:
     one): maps keyed by a pair of nodes use one integer, not a tuple of two ids."""
     ranks: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     """Set by the linker: its place in each arrival order (:func:`_order`), indexed by
-    :func:`_rank`, so that sorting and comparing by arrival is by one integer (four
+    :func:`_rank`, so that sorting and comparing by arrival is by one integer (five
     machine integers inside the node, compiled: no tuple and no int objects)."""
     taken_in: int = 0
     """Set by the linker: the first estimate (:meth:`_Linker._fifo`, numbered from 1)
@@ -737,9 +737,9 @@ class _PairStats:
     came after its children's (relays)."""
     med_slack: float | None
     address_share: float
-    med_ro: float = 0.0
+    med_ro: float
     """Median request-end offset (ms)."""
-    iqr_ro: float = 0.0
+    iqr_ro: float
     """Interquartile range of the request-end offsets (ms)."""
 
     chosen: int | None = None
@@ -1189,20 +1189,26 @@ def _estimates(starts: dict[tuple[Any, Any], _PairStats], ends: dict[tuple[Any, 
     pair's anchor (a token call goes out on arrival, or once the request's body is in;
     an origin's answer is relayed). ``parents``: per parent group, its requests that
     contain a candidate child (the gaps between them are what chance gives)."""
-    gaps_of: dict[tuple[Any, ...], tuple[float | None, float | None, float | None]] = {}
+    gaps_of: dict[tuple[Any, ...], tuple[float | None, float | None]] = {}
+    rend_gaps: dict[tuple[Any, ...], float | None] = {}  # only groups with such estimates
     out: dict[tuple[Any, Any], _PairStats] = {}
     for pair in set(starts) | set(ends) | set(rends):
         a, b, r = starts.get(pair), ends.get(pair), rends.get(pair)
-        got = gaps_of.get(pair[0])
+        pg = pair[0]
+        got = gaps_of.get(pg)
         if got is None:  # per parent group, not per pair: a group is parent to many
-            marked = parents.get(pair[0], ())
-            got = gaps_of[pair[0]] = (_median_gap(marked, _START), _median_gap(marked, _FB),
-                                      _median_gap(marked, _REND))
-        ga, gb, gr = got
+            marked = parents.get(pg, ())
+            got = gaps_of[pg] = (_median_gap(marked, _START), _median_gap(marked, _FB))
+        ga, gb = got
         ca = a.iqr_so / max(ga or 0.0, 0.001) if a is not None else None
         cb = (b.iqr_eo / max(gb or 0.0, 0.001)
               if b is not None and b.iqr_eo is not None else None)
-        cr = r.iqr_ro / max(gr or 0.0, 0.001) if r is not None else None
+        gr = cr = None
+        if r is not None:
+            if pg not in rend_gaps:
+                rend_gaps[pg] = _median_gap(parents.get(pg, ()), _REND)
+            gr = rend_gaps[pg]
+            cr = r.iqr_ro / max(gr or 0.0, 0.001)
         if cr is not None and all(c is None or cr <= REND_MARGIN * c for c in (ca, cb)):
             assert r is not None
             r.chosen, r.chance_ms = _REND, gr
@@ -2203,11 +2209,11 @@ class _Linker:
                 walk(sub.by_fb, _at(fbs, u_fb), _after(fbs, u_ts + sub.longest),
                      float(u_fb))
             seen = set()
-        elif st.anchor_is_end and u_fb is not None and st.med_eo is not None:
+        elif (anchor := st.anchor) == _FB and u_fb is not None and st.med_eo is not None:
             walk(sub.by_fb, _at(fbs, earliest), _after(fbs, u_ts + sub.longest),
                  u_fb + st.med_eo * 1e6)
             by_start(sub.no_fb, st.med_so * 1e6)
-        elif st.anchor == _REND:
+        elif anchor == _REND:
             # by the parents' request ends, which no window bounds from above; sent at
             # the SYN as the parents that began before it see it (_edge): one walk for
             # each, and a parent met in both is costed once

@@ -145,17 +145,15 @@ def upload_ms(p: Params, n: int) -> float:
     return _rng(p.seed, n, "upload").uniform(*p.upload_ms) if p.upload_ms[1] > 0 else 0.0
 
 
-def _slowly(body: bytes, total_ms: float) -> AsyncIterator[bytes]:
+async def _slowly(body: bytes, total_ms: float) -> AsyncIterator[bytes]:
     """The body in three parts, ``total_ms`` spread between them (httpx sends each as it
     comes: DATA frames apart in time)."""
-    async def parts() -> AsyncIterator[bytes]:
-        third = max(1, len(body) // 3)
-        yield body[:third]
-        await asyncio.sleep(total_ms / 2000)
-        yield body[third:2 * third]
-        await asyncio.sleep(total_ms / 2000)
-        yield body[2 * third:]
-    return parts()
+    third = max(1, len(body) // 3)
+    yield body[:third]
+    await asyncio.sleep(total_ms / 2000)
+    yield body[third:2 * third]
+    await asyncio.sleep(total_ms / 2000)
+    yield body[2 * third:]
 
 
 def wants_sse(p: Params, n: int) -> bool:
