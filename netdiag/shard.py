@@ -39,6 +39,12 @@ happened, the input is analyzed again in one process (exact, but twice the time)
   up to the first one still active, which may be another shard's. It matters only when
   the last-activity times are out of that order (a DNS over TCP message is timed by
   its first segment, a capture out of time order), so ``EXPIRE`` is checked per sweep.
+
+A shard stops at once, and the input is analyzed in one process, where what it holds
+passes its share of ``Options.max_memory`` (``--max-memory``): the shards keep every
+record until they merge, where one process streaming JSON Lines keeps none, and one
+listing them sketches the summary past that budget (``netdiag.fleet``). A cap over all
+connections reached by a shard (``Limits.on_global_hit``) does the same.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_li
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.quick_exit import flush_standard_streams
+from netdiag.record_cost import DNS_BYTES, connection_bytes, may_pass
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
 from netdiag.result import CaptureFacts, Result, Sink
 from netdiag.tls.keylog import KeyLog
@@ -110,9 +117,13 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def resolve_jobs(jobs: int | None, paths: list[str]) -> int:
+def resolve_jobs(jobs: int | None, paths: list[str], *, budget: int | None = None,
+                 streams: bool = False) -> int:
     """``--jobs``: a positive count as given; None or 0 picks: the CPUs available, or 1
-    for input below :data:`AUTO_MIN_BYTES` (or not regular files)."""
+    for input below :data:`AUTO_MIN_BYTES` (or not regular files), or 1 where the records
+    stream out (``streams``: JSON Lines) and those of input this large could pass
+    ``budget`` (``--max-memory``, :func:`netdiag.record_cost.may_pass`): the shards
+    hold every record until they merge, and one process holds none."""
     if jobs:
         return jobs
     if not all(os.path.isfile(p) for p in paths):
@@ -121,7 +132,9 @@ def resolve_jobs(jobs: int | None, paths: list[str]) -> int:
         total = sum(os.path.getsize(p) for p in paths)
     except OSError:
         return 1
-    return 1 if total < AUTO_MIN_BYTES else available_cpus()
+    if total < AUTO_MIN_BYTES or (streams and may_pass(total, budget)):
+        return 1
+    return available_cpus()
 
 
 def _shardable(paths: list[str]) -> bool:
@@ -162,12 +175,25 @@ class _Recorder:
         self.render_dns = getattr(sink, "render_dns", None) if pre else None
         self.render_connection = getattr(sink, "render_connection", None) if pre else None
         self.settler = Settler()  # a shard keeps every record until its output is sent
+        budget, shard = run.options.max_memory, run.options.shard
+        self.room = None if budget is None else budget // (shard[1] if shard else 1)
+        """Estimated bytes of records this shard may still hold (its share of
+        ``Options.max_memory``; None: no bound)."""
+
+    def _hold(self, size: int) -> None:
+        """Count a record kept; past the shard's share of the budget, only one process
+        can stay within it (it holds no record a streaming sink has written)."""
+        if self.room is not None:
+            self.room -= size
+            if self.room < 0:
+                raise Sequential("the records held passed --max-memory")
 
     def dns(self, t: DnsTransaction) -> None:
         run = self.run
         render = self.render_dns
         run.events.append((run.position(), DNS, t, None if render is None else render(t)))
         self.settler.kept()
+        self._hold(DNS_BYTES)
 
     def connection(self, c: Connection) -> None:
         run = self.run
@@ -175,6 +201,7 @@ class _Recorder:
         run.events.append((run.position(), CONNECTION, c,
                            None if render is None else render(c)))
         self.settler.kept()
+        self._hold(connection_bytes(c))
 
 
 class ShardRun(_Run):

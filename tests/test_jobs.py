@@ -119,6 +119,23 @@ def test_two_files(tmp_path: Path, fallbacks: list[int]) -> None:
     assert not fallbacks
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+def test_records_past_the_memory_budget_start_over_in_one_process(
+        mixed: Path, fmt: str, fallbacks: list[int]) -> None:
+    """The shards hold every record until they merge: a shard whose records pass its
+    share of ``--max-memory`` stops, and the capture is analyzed in one process (which
+    streams JSON Lines, and sketches a listing report's summary past the budget)."""
+    args = [str(mixed), "--format", fmt, "--no-profile", "--max-memory", "1M"]
+    one = report(*args, "--jobs", "1")
+    assert not fallbacks
+    assert report(*args, "--jobs", "2") == one
+    assert fallbacks == [1]
+    if fmt == "jsonl":  # streamed: the budget changes nothing but where it ran
+        assert one == report(str(mixed), "--format", fmt, "--no-profile", "--jobs", "1")
+    else:
+        assert json.loads(one)["summary"]["sketch"]
+
+
 def test_real_process_streams_nothing_twice(tmp_path: Path) -> None:
     """The forked shards write nothing of the parent's (stdout buffers, the jsonl sink)."""
     def run(jobs: str) -> str:
@@ -516,7 +533,15 @@ def test_resolve_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert shard.resolve_jobs(None, [str(ANTHO)]) == 1  # small
     assert shard.resolve_jobs(0, [str(tmp_path / "missing")]) == 1
     monkeypatch.setattr(shard, "AUTO_MIN_BYTES", 0)
-    assert shard.resolve_jobs(0, [str(ANTHO)]) == shard.available_cpus()
+    cpus = shard.available_cpus()
+    assert shard.resolve_jobs(0, [str(ANTHO)]) == cpus
+    # streamed records whose worst case could pass the memory budget: one process
+    size = ANTHO.stat().st_size
+    assert shard.resolve_jobs(None, [str(ANTHO)], budget=size, streams=True) == 1
+    assert shard.resolve_jobs(None, [str(ANTHO)], budget=size, streams=False) == cpus
+    assert shard.resolve_jobs(None, [str(ANTHO)], budget=None, streams=True) == cpus
+    assert shard.resolve_jobs(None, [str(ANTHO)], budget=1 << 40, streams=True) == cpus
+    assert shard.resolve_jobs(2, [str(ANTHO)], budget=size, streams=True) == 2
     if hasattr(os, "mkfifo"):
         fifo = tmp_path / "fifo"
         os.mkfifo(fifo)
@@ -538,6 +563,29 @@ def test_jobs_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NETDIAG_JOBS")
     report(str(ANTHO), "--format", "json")  # small: one process, no shards
     assert seen == [2, 3]
+
+
+def test_jobs_unset_streams_big_input_in_one_process(monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """``--jobs`` unset: JSON Lines runs in one process where its records could pass
+    ``--max-memory`` (one process holds none of them); a listing format, which holds
+    them anyway, still takes every core."""
+    seen: list[str] = []
+    real = shard.analyze_sharded
+
+    def spy(paths: list[str], sink: Any, options: Options) -> Any:
+        seen.append(str(options.jobs))
+        return real(paths, sink, options)
+
+    monkeypatch.setattr(shard, "analyze_sharded", spy)
+    monkeypatch.setattr(shard, "AUTO_MIN_BYTES", 0)
+    monkeypatch.setattr(shard, "available_cpus", lambda: 2)
+    small = f"{ANTHO.stat().st_size}B"
+    report(str(ANTHO), "--format", "jsonl", "--max-memory", small)
+    assert seen == []
+    report(str(ANTHO), "--format", "jsonl", "--max-memory", "none")
+    report(str(ANTHO), "--format", "json", "--max-memory", small)
+    assert seen == ["2", "2"]
 
 
 def test_a_shard_ends_right_after_sending_everything(monkeypatch: pytest.MonkeyPatch

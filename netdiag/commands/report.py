@@ -136,7 +136,9 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=keylog, dns_heuristic=dns_heuristic, **limits,
-                      jobs=resolve_jobs(jobs, files) if engine == "netdiag" else 1)
+                      jobs=resolve_jobs(jobs, files, budget=fleet["max_memory"],
+                                        streams=fmt == "jsonl") if engine == "netdiag" else 1,
+                      max_memory=fleet["max_memory"])
     to_file = bool(output) and fmt not in ("csv", "parquet")
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)
@@ -198,7 +200,7 @@ def _records_may_pass(files: list[str], budget: int | None) -> bool:
     """Could these captures' records pass the memory budget (``netdiag.fleet.memory``)?
     A URL's size is not asked for here: it goes the fleet's way, which measures."""
     from netdiag.capture.sources import is_url
-    from netdiag.fleet.memory import may_pass
+    from netdiag.record_cost import may_pass
 
     if budget is None:
         return False

@@ -30,10 +30,10 @@ from typing import Any
 
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import SummaryBuilder
-from netdiag.fleet.memory import connection_bytes, dns_bytes
 from netdiag.fleet.sets import CaptureFile, CaptureSet, Plan
 from netdiag.fleet.sketch import DEFAULT_RELATIVE_ACCURACY, SketchedSummary
 from netdiag.pipeline import Options, analyze
+from netdiag.record_cost import connection_bytes, dns_bytes
 from netdiag.records import Connection, DnsTransaction, Warning_, ns_to_ts
 from netdiag.report.units import bytes_text
 from netdiag.result import CaptureFacts, Result
@@ -341,7 +341,8 @@ def _in_process(plan: Plan, options: Options, fleet: FleetOptions,
     from netdiag.shard import resolve_jobs
 
     for i, s in enumerate(plan.sets):
-        jobs = 1 if fleet.executor == "serial" else resolve_jobs(fleet.jobs, s.paths)
+        jobs = 1 if fleet.executor == "serial" else resolve_jobs(
+            fleet.jobs, s.paths, budget=fleet.max_memory, streams=not fleet.holds_records)
         opts = set_options(options, jobs)
         if fleet.progress is not None:
             opts.progress = lambda done, _total, i=i: report(i, done)

@@ -3,13 +3,12 @@
 
 A report that lists its records (JSON, text, HTML, HAR, CSV, Parquet) holds every
 connection and DNS transaction until the end, and then builds its document from them. The
-cost of a record, document included, is estimated from what it holds, with constants
-measured on this project's captures (peak RSS of ``--format json`` less that of
-``--format jsonl``, which streams): about 8 KiB a connection, 2 KiB more a request,
-1 KiB a DNS transaction. Once the records held would pass the budget, the fleet engine
-switches to sketched percentiles and drops them (:mod:`netdiag.fleet.sketch`), as
-``--max-records`` does; the estimate, not the process's RSS, decides, so that the same
-input and budget give the same report on every executor and machine.
+cost of a record, document included, is estimated from what it holds
+(:mod:`netdiag.record_cost`: about 8 KiB a connection, 2 KiB more a request, 1 KiB a DNS
+transaction). Once the records held would pass the budget, the fleet engine switches to
+sketched percentiles and drops them (:mod:`netdiag.fleet.sketch`), as ``--max-records``
+does; the estimate, not the process's RSS, decides, so that the same input and budget
+give the same report on every executor and machine.
 
 The default budget is half the memory the system says is available when the report
 starts (``MemAvailable``); ``--max-memory none`` never sketches for memory.
@@ -20,34 +19,11 @@ from __future__ import annotations
 import os
 import re
 
-from netdiag.records import Connection, DnsTransaction
-
-CONNECTION_BYTES = 8192
-"""A connection record with its TCP, TLS and timing fields, and its share of the document."""
-REQUEST_BYTES = 2048
-"""Each request of a connection (its figures, headers read, SSE cadence)."""
-DNS_BYTES = 1024
-"""A DNS transaction and its share of the document."""
-RECORD_BYTES_PER_CAPTURE_BYTE = 16
-"""The most record memory a byte of (uncompressed) capture has been seen to cost: a
-capture of short connections (7 packets of 70 bytes: 8 KiB of record for 500 bytes of
-packets). A single capture smaller than ``budget / this`` cannot pass the budget, and is
-reported the plain way."""
 AVAILABLE_SHARE = 0.5
 """Of the available memory, the share the default budget takes."""
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def connection_bytes(c: Connection) -> int:
-    """The estimated memory of a held connection record."""
-    return CONNECTION_BYTES + REQUEST_BYTES * len(c.requests)
-
-
-def dns_bytes(_t: DnsTransaction) -> int:
-    """The estimated memory of a held DNS transaction."""
-    return DNS_BYTES
 
 
 def available_bytes() -> int | None:
@@ -86,8 +62,3 @@ def parse_size(text: str) -> int | None:
     if n <= 0:
         raise ValueError(f"not a size: {text!r} (it must be more than 0)")
     return n
-
-
-def may_pass(capture_bytes: int, budget: int | None) -> bool:
-    """Could the records of captures of this size pass ``budget``?"""
-    return budget is not None and capture_bytes * RECORD_BYTES_PER_CAPTURE_BYTE > budget

@@ -14,6 +14,7 @@ import jobs_capture as gen
 import pytest
 from click.testing import CliRunner
 
+from netdiag import record_cost
 from netdiag.cli import cli
 from netdiag.fleet import memory
 
@@ -31,8 +32,8 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _estimate(doc: dict[str, Any]) -> int:
     """The estimate of every record of an exact report, from the module's constants."""
-    return (sum(memory.CONNECTION_BYTES + memory.REQUEST_BYTES * len(c["requests"])
-                for c in doc["connections"]) + memory.DNS_BYTES * len(doc["dns"]))
+    return (sum(record_cost.CONNECTION_BYTES + record_cost.REQUEST_BYTES * len(c["requests"])
+                for c in doc["connections"]) + record_cost.DNS_BYTES * len(doc["dns"]))
 
 
 def test_the_budget_is_passed_by_the_estimate_of_the_records(two_hosts: Path) -> None:
@@ -73,8 +74,8 @@ def test_a_single_capture_that_may_pass_goes_the_fleet_way(tmp_path: Path) -> No
     cap = tmp_path / "one.pcap"
     gen.write_mixed(cap, 400, seed=5)
     size = cap.stat().st_size
-    edge = size * memory.RECORD_BYTES_PER_CAPTURE_BYTE
-    assert memory.may_pass(size, edge - 1) and not memory.may_pass(size, edge)
+    edge = size * record_cost.RECORD_BYTES_PER_CAPTURE_BYTE
+    assert record_cost.may_pass(size, edge - 1) and not record_cost.may_pass(size, edge)
     for fmt in ("json", "text", "html"):
         plain = report(str(cap), "--format", fmt, "--max-memory", str(edge))
         fleet = report(str(cap), "--format", fmt, "--max-memory", str(edge - 1))
