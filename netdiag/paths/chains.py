@@ -211,6 +211,9 @@ _SLOT_BITS: Final = 32
 """A child's number takes the low bits of a :meth:`_Linker.slot`, its parent group's (or
 a subset's) number the bits above: a report holds far fewer than 2**32 requests."""
 _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
+_NO_LINKS: Final[list[_Edge]] = []
+"""What :meth:`_Linker._links` gives a child without a request id in a pair linked by
+ids only (never written to)."""
 _NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
 """What :meth:`_Linker._same_rid` gives a child without an equal request id (never
 written to)."""
@@ -335,9 +338,10 @@ class Node:
     as_parent: bool = False
     """Marks the node while :func:`_separate` looks at a set of links (as a parent), or
     :func:`link_requests` at the final matchings (a parent with two calls of a kind)."""
-    kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
+    kept: list[tuple[str, list[_Edge], list[_Edge]] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
-    :attr:`_Linker.pairs_of`), the links a round kept and how (:meth:`_Linker._links`).
+    :attr:`_Linker.pairs_of`), the links a round kept and how, where it met all of the
+    child's candidates (:meth:`_Linker._links`; links by equal ids only are not kept).
     Kept on the node, not in a map over all children and groups: reached with the node,
     not through a large table's scattered entries."""
 
@@ -353,7 +357,7 @@ class Node:
                  same_rid: dict[tuple[Any, ...], list[Node]] | None = None,
                  left_out: list[tuple[float, int, bool, float] | None] | None = None,
                  as_child: bool = False, as_parent: bool = False,
-                 kept: list[tuple[str, list[_Edge], list[_Edge] | None] | None] | None = None
+                 kept: list[tuple[str, list[_Edge], list[_Edge]] | None] | None = None
                  ) -> None:
         self.conn = conn
         self.index = index
@@ -2069,49 +2073,56 @@ class _Linker:
         """The candidate links of one child in one parent group that a round weighs:
         the parents with the child's request id and its cheapest others under ``stats``
         (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
-        pair has none to weigh. ``key`` is the child's and group's :meth:`slot`, ``j``
-        the group's place in the child group's :attr:`pairs_of`; ``how``
+        pair has none to weigh (hopeless, and the child has no id); :data:`_NO_LINKS`
+        where the round links the pair by ids only and the child has none. ``key`` is
+        the child's and group's :meth:`slot`, ``j`` the group's place in the child
+        group's :attr:`pairs_of`; ``how``
         the pair's mode this round: ``all`` its candidates, ``trusted`` only parents a
         profile matched, ``rid`` only equal request ids (``rid`` where hopeless)."""
         urid = u.rid
         if hopeless and urid is None:
             return None
         cg = u.group
+        if how == "rid":  # nothing stored: _same_rid and _edge_of keep what this reads
+            self._put_left_out(u, j, None)
+            same = self._same_rid(u).get(pg) if urid is not None else None
+            if not same:
+                return _NO_LINKS
+            by_id = [e for p in same if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
+            if len(by_id) > 1:
+                by_id.sort(key=lambda e: e.parent.ranks[0], reverse=True)
+            return by_id
         store = u.kept
         hit = store[j] if store is not None else None
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
-            if all_kept is None:
-                self._put_left_out(u, j, None)
-            else:  # all kept: its ``half`` is never read (:meth:`left_out_of`)
-                lo = u.left_out
-                cur = lo[j] if lo is not None else None
-                n = len(all_kept)
-                if cur is None or not cur[2] or cur[1] != n or cur[0] != _INF:
-                    self._put_left_out(u, j, (_INF, n, True,
-                                              _half(all_kept, stats.get((pg, cg)))))
+            lo = u.left_out
+            cur = lo[j] if lo is not None else None
+            n = len(all_kept)
+            # all kept: its ``half`` is never read (:meth:`left_out_of`)
+            if cur is None or not cur[2] or cur[1] != n or cur[0] != _INF:
+                self._put_left_out(u, j, (_INF, n, True, _half(all_kept, stats.get((pg, cg)))))
             return was_kept
         kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
                 if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
-        every: list[_Edge] | None = None
-        if how != "rid":
-            sub = self._subset(pg, how == "trusted", urid is not None)
-            cap = self.cap.get(key, MAX_CANDIDATES)
-            st = stats.get((pg, cg))
-            every = self._every(u, sub, pg, cg, declared, cap)
-            if every is not None:  # all its candidates fit the cap: no walk needed
+        sub = self._subset(pg, how == "trusted", urid is not None)
+        cap = self.cap.get(key, MAX_CANDIDATES)
+        st = stats.get((pg, cg))
+        every = self._every(u, sub, pg, cg, declared, cap)
+        if every is not None:  # all its candidates fit the cap: no walk needed
+            if kept:
                 kept += every
-                self._put_left_out(u, j, (_INF, len(every), True, _half(every, st)))
-            else:
-                cheapest, bound, found, complete, half = self._cheapest(
-                    u, sub, pg, cg, declared, st, cap)
-                kept += cheapest
-                self._put_left_out(u, j, (bound, found, complete, half))
+            else:  # one list for both (sorted below in place: ``every``'s order is
+                kept = every  # never read)
+            self._put_left_out(u, j, (_INF, len(every), True, _half(every, st)))
         else:
-            self._put_left_out(u, j, None)
+            cheapest, bound, found, complete, half = self._cheapest(
+                u, sub, pg, cg, declared, st, cap)
+            kept += cheapest
+            self._put_left_out(u, j, (bound, found, complete, half))
         if len(kept) > 1:
             kept.sort(key=lambda e: e.parent.ranks[0], reverse=True)  # newest start first
-        if how == "rid" or every is not None:  # whatever the statistics: kept for later
+        if every is not None:  # whatever the statistics: kept for later rounds
             if store is None:
                 store = u.kept = [None] * len(self.pairs_of[cg])
             store[j] = (how, kept, every)
