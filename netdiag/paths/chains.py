@@ -820,14 +820,16 @@ def _timing_cost(e: _Edge, st: _PairStats | None) -> float:
     return e.base + dso + (0.01 * deo if deo is not None else 0.0)
 
 
-def _half(edges: Sequence[_Edge], st: _PairStats | None) -> float:
-    """The cost from which on the dearer half of ``edges`` lies (under ``st``)."""
-    if not edges:
-        return _INF
-    if len(edges) == 1:
-        return _timing_cost(edges[0], st)
-    costs = sorted([_timing_cost(e, st) for e in edges])
-    return costs[len(costs) // 2]
+_ALL_KEPT: Final[list[tuple[float, int, bool, float] | None]] = [
+    (_INF, n, True, _INF) for n in range(2 * MAX_CANDIDATES)]
+
+
+def _all_kept(n: int) -> tuple[float, int, bool, float] | None:
+    """What a child left out of a parent group whose ``n`` candidates were all kept
+    (:meth:`_Linker.left_out_of`): nothing; the usual counts share one tuple each. Never
+    None: typed as the optional entry of :attr:`Node.left_out` because, compiled, a
+    plain tuple type is returned unboxed and boxed again (a new tuple) where stored."""
+    return _ALL_KEPT[n] if n < len(_ALL_KEPT) else (_INF, n, True, _INF)
 
 
 def _anchor_ns(n: Node, anchor: int, child: bool = False) -> int:
@@ -1249,6 +1251,15 @@ def _keep_anchors(new: dict[tuple[Any, Any], _PairStats],
     return new
 
 
+def _stats_into(out: dict[tuple[Any, Any], _PairStats], pair: tuple[Any, Any],
+                taken: dict[int, _Edge]) -> None:
+    """The statistics of one pair's first estimate (its links, all of that pair), as
+    :func:`_pair_stats` makes them: none where every link is by request id."""
+    edges = [e for e in taken.values() if not e.rid]
+    if edges:
+        out[pair] = _stats(edges)
+
+
 def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
                 ) -> dict[tuple[Any, Any], _PairStats]:
     by_pair: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
@@ -1590,9 +1601,8 @@ class _Linker:
     def left_out_of(self, u: Node, pg: tuple[Any, ...]) -> tuple[float, int, bool, float] | None:
         """Of child ``u`` and parent group ``pg``, in the last round: (lower bound of the
         cost of the candidates it left out, candidates costed, all of them, where the
-        dearer half of those kept begins: read only where not all, and for a child whose
-        candidates were all kept, left from the round that first found them); None where
-        the round weighed none of them (:attr:`Node.left_out`)."""
+        dearer half of those kept begins: infinity where all were kept, and never read
+        then); None where the round weighed none of them (:attr:`Node.left_out`)."""
         lo = u.left_out
         if lo is None:
             return None
@@ -1796,26 +1806,28 @@ class _Linker:
         """Per pair of groups, its typical timing from first-come-first-served
         assignments over every candidate (:func:`_estimates`); also finds the pairs
         that have a declared candidate (:attr:`declared_pairs`)."""
-        starts: dict[tuple[Any, Any], dict[int, _Edge]] = {}
-        ends: dict[tuple[Any, Any], dict[int, _Edge]] = {}
-        rends: dict[tuple[Any, Any], dict[int, _Edge]] = {}
+        # each estimate's links are read into the pair's statistics at once, not kept
+        # for all pairs and orders (a child's link per order: the most this step holds)
+        starts: dict[tuple[Any, Any], _PairStats] = {}
+        ends: dict[tuple[Any, Any], _PairStats] = {}
+        rends: dict[tuple[Any, Any], _PairStats] = {}
         parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
         sent_later: dict[tuple[Any, ...], bool] = {}  # per parent group: a request ended late
         for pair, kids in self._children_of_pairs().items():
-            starts[pair] = self._fifo(pair, kids, _START)
-            ends[pair] = self._fifo(pair, kids, _FB)
+            _stats_into(starts, pair, self._fifo(pair, kids, _START))
+            _stats_into(ends, pair, self._fifo(pair, kids, _FB))
             later = sent_later.get(pair[0])
             if later is None:
                 later = sent_later[pair[0]] = any(
                     n.rend_ns != n.ts_ns for n in self._groups.get(pair[0], ()))
             if later:  # else its order and offsets are those by start
-                rends[pair] = self._fifo(pair, kids, _REND)
+                _stats_into(rends, pair, self._fifo(pair, kids, _REND))
             marked = self._with_candidates(pair, kids)
             parents[pair[0]].update(marked)
             if marked and (self.pair_info[pair][0]
                            or any(p.conn_id in self.trusted for p in marked.values())):
                 self.declared_pairs.add(pair)
-        return _estimates(_pair_stats(starts), _pair_stats(ends), _pair_stats(rends),
+        return _estimates(starts, ends, rends,
                           {g: list(d.values()) for g, d in parents.items()})
 
     def _fifo(self, pair: tuple[Any, Any], kids: list[Node], anchor: int) -> dict[int, _Edge]:
@@ -2096,12 +2108,7 @@ class _Linker:
         hit = store[j] if store is not None else None
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
-            lo = u.left_out
-            cur = lo[j] if lo is not None else None
-            n = len(all_kept)
-            # all kept: its ``half`` is never read (:meth:`left_out_of`)
-            if cur is None or not cur[2] or cur[1] != n or cur[0] != _INF:
-                self._put_left_out(u, j, (_INF, n, True, _half(all_kept, stats.get((pg, cg)))))
+            self._put_left_out(u, j, _all_kept(len(all_kept)))
             return was_kept
         kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
                 if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
@@ -2114,7 +2121,7 @@ class _Linker:
                 kept += every
             else:  # one list for both (sorted below in place: ``every``'s order is
                 kept = every  # never read)
-            self._put_left_out(u, j, (_INF, len(every), True, _half(every, st)))
+            self._put_left_out(u, j, _all_kept(len(every)))
         else:
             cheapest, bound, found, complete, half = self._cheapest(
                 u, sub, pg, cg, declared, st, cap)
