@@ -57,7 +57,10 @@ class SetTask:
 def task_options(options: Options) -> tuple[Options, bytes | None]:
     """``options`` as a task carries them, and the key log as text."""
     keylog = options.keylog.to_bytes() if options.keylog is not None else None
-    plain = dataclasses.replace(options, progress=None, keylog=None, jobs=1, shard=None)
+    # no budget for a worker's shard: it sends its records back either way, and one
+    # run of the whole set in its place would hold them all
+    plain = dataclasses.replace(options, progress=None, keylog=None, jobs=1, shard=None,
+                                max_memory=None)
     return plain, keylog
 
 

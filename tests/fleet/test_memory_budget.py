@@ -109,3 +109,15 @@ def test_auto_is_a_share_of_the_available_memory() -> None:
 def test_a_bad_size_is_a_usage_error(two_hosts: Path) -> None:
     r = CliRunner().invoke(cli, ["report", str(two_hosts), "--max-memory", "lots"])
     assert r.exit_code == 2 and "not a size" in r.output
+
+
+def test_a_dask_shard_has_no_budget_of_its_own() -> None:
+    """A worker's flow shard sends its records back whatever they take: stopping it at
+    its share of ``--max-memory`` would only have the whole set run once more, as one
+    task holding them all (``netdiag.fleet.tasks``); the client's budget is kept where
+    the records arrive."""
+    from netdiag.fleet.tasks import task_options
+    from netdiag.pipeline import Options
+
+    plain, _keylog = task_options(Options(max_memory=1 << 20, jobs=2))
+    assert plain.max_memory is None and plain.jobs == 1
