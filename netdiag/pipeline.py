@@ -82,7 +82,7 @@ class Options:
     """Build the result's summary and findings; False where the caller counts the records
     itself (a fleet's set): the result's summary is then empty."""
     max_memory: int | None = None
-    """Estimated bytes of records (``netdiag.fleet.memory``) a run in several processes
+    """Estimated bytes of records (``netdiag.record_cost``) a run in several processes
     may hold: its shards hold every record until they merge, and one whose share passes
     this has the input analyzed again in one process (``--max-memory``). None: no
     bound."""

@@ -212,8 +212,8 @@ _SLOT_BITS: Final = 32
 a subset's) number the bits above: a report holds far fewer than 2**32 requests."""
 _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
 _NO_LINKS: Final[list[_Edge]] = []
-"""What :meth:`_Linker._links` gives a child without a request id in a pair linked by
-ids only (never written to)."""
+"""What :meth:`_Linker._links` gives a child in a pair linked by request ids only when
+no parent of the group carries the child's id (never written to)."""
 _NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
 """What :meth:`_Linker._same_rid` gives a child without an equal request id (never
 written to)."""
@@ -2086,11 +2086,11 @@ class _Linker:
         the parents with the child's request id and its cheapest others under ``stats``
         (:meth:`_cheapest`, as many as its cap), newest parent first; None where the
         pair has none to weigh (hopeless, and the child has no id); :data:`_NO_LINKS`
-        where the round links the pair by ids only and the child has none. ``key`` is
-        the child's and group's :meth:`slot`, ``j`` the group's place in the child
-        group's :attr:`pairs_of`; ``how``
-        the pair's mode this round: ``all`` its candidates, ``trusted`` only parents a
-        profile matched, ``rid`` only equal request ids (``rid`` where hopeless)."""
+        where the round links the pair by ids only and no parent carries the child's.
+        ``key`` is the child's and group's :meth:`slot`, ``j`` the group's place in the
+        child group's :attr:`pairs_of`; ``how`` the pair's mode this round: ``all`` its
+        candidates, ``trusted`` only parents a profile matched, ``rid`` only equal
+        request ids (``rid`` where hopeless)."""
         urid = u.rid
         if hopeless and urid is None:
             return None
