@@ -67,7 +67,7 @@ from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_li
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.quick_exit import flush_standard_streams
-from netdiag.record_cost import DNS_BYTES, connection_bytes, may_pass
+from netdiag.record_cost import connection_bytes, dns_bytes, may_pass
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
 from netdiag.result import CaptureFacts, Result, Sink
 from netdiag.tls.keylog import KeyLog
@@ -193,7 +193,7 @@ class _Recorder:
         render = self.render_dns
         run.events.append((run.position(), DNS, t, None if render is None else render(t)))
         self.settler.kept()
-        self._hold(DNS_BYTES)
+        self._hold(dns_bytes(t))
 
     def connection(self, c: Connection) -> None:
         run = self.run

@@ -1251,15 +1251,6 @@ def _keep_anchors(new: dict[tuple[Any, Any], _PairStats],
     return new
 
 
-def _stats_into(out: dict[tuple[Any, Any], _PairStats], pair: tuple[Any, Any],
-                taken: dict[int, _Edge]) -> None:
-    """The statistics of one pair's first estimate (its links, all of that pair), as
-    :func:`_pair_stats` makes them: none where every link is by request id."""
-    edges = [e for e in taken.values() if not e.rid]
-    if edges:
-        out[pair] = _stats(edges)
-
-
 def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
                 ) -> dict[tuple[Any, Any], _PairStats]:
     by_pair: dict[tuple[Any, Any], list[_Edge]] = defaultdict(list)
@@ -1814,14 +1805,14 @@ class _Linker:
         parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
         sent_later: dict[tuple[Any, ...], bool] = {}  # per parent group: a request ended late
         for pair, kids in self._children_of_pairs().items():
-            _stats_into(starts, pair, self._fifo(pair, kids, _START))
-            _stats_into(ends, pair, self._fifo(pair, kids, _FB))
+            starts.update(_pair_stats({pair: self._fifo(pair, kids, _START)}))
+            ends.update(_pair_stats({pair: self._fifo(pair, kids, _FB)}))
             later = sent_later.get(pair[0])
             if later is None:
                 later = sent_later[pair[0]] = any(
                     n.rend_ns != n.ts_ns for n in self._groups.get(pair[0], ()))
             if later:  # else its order and offsets are those by start
-                _stats_into(rends, pair, self._fifo(pair, kids, _REND))
+                rends.update(_pair_stats({pair: self._fifo(pair, kids, _REND)}))
             marked = self._with_candidates(pair, kids)
             parents[pair[0]].update(marked)
             if marked and (self.pair_info[pair][0]
@@ -2095,16 +2086,7 @@ class _Linker:
         if hopeless and urid is None:
             return None
         cg = u.group
-        if how == "rid":  # nothing stored: _same_rid and _edge_of keep what this reads
-            self._put_left_out(u, j, None)
-            same = self._same_rid(u).get(pg) if urid is not None else None
-            if not same:
-                return _NO_LINKS
-            by_id = [e for p in same if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
-            if len(by_id) > 1:
-                by_id.sort(key=lambda e: e.parent.ranks[0], reverse=True)
-            return by_id
-        store = u.kept
+        store = u.kept  # never an ids-only round's: _same_rid and _edge_of keep those
         hit = store[j] if store is not None else None
         if hit is not None and hit[0] == how:  # the same links as an earlier round
             _how, was_kept, all_kept = hit
@@ -2112,21 +2094,27 @@ class _Linker:
             return was_kept
         kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
                 if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
-        sub = self._subset(pg, how == "trusted", urid is not None)
-        cap = self.cap.get(key, MAX_CANDIDATES)
-        st = stats.get((pg, cg))
-        every = self._every(u, sub, pg, cg, declared, cap)
-        if every is not None:  # all its candidates fit the cap: no walk needed
-            if kept:
-                kept += every
-            else:  # one list for both (sorted below in place: ``every``'s order is
-                kept = every  # never read)
-            self._put_left_out(u, j, _all_kept(len(every)))
+        every: list[_Edge] | None = None
+        if how == "rid":
+            self._put_left_out(u, j, None)
+            if not kept:
+                return _NO_LINKS
         else:
-            cheapest, bound, found, complete, half = self._cheapest(
-                u, sub, pg, cg, declared, st, cap)
-            kept += cheapest
-            self._put_left_out(u, j, (bound, found, complete, half))
+            sub = self._subset(pg, how == "trusted", urid is not None)
+            cap = self.cap.get(key, MAX_CANDIDATES)
+            st = stats.get((pg, cg))
+            every = self._every(u, sub, pg, cg, declared, cap)
+            if every is not None:  # all its candidates fit the cap: no walk needed
+                if kept:
+                    kept += every
+                else:  # one list for both (sorted below in place: ``every``'s order is
+                    kept = every  # never read)
+                self._put_left_out(u, j, _all_kept(len(every)))
+            else:
+                cheapest, bound, found, complete, half = self._cheapest(
+                    u, sub, pg, cg, declared, st, cap)
+                kept += cheapest
+                self._put_left_out(u, j, (bound, found, complete, half))
         if len(kept) > 1:
             kept.sort(key=lambda e: e.parent.ranks[0], reverse=True)  # newest start first
         if every is not None:  # whatever the statistics: kept for later rounds
