@@ -29,6 +29,13 @@ offer ``render_dns``/``dns_rendered`` and ``render_connection``/``connection_ren
 (``JsonlSink`` does): records are then rendered in the shard that finished them, which
 keeps the serial part small.
 
+For a sink that streams (``JsonlSink``: it takes records rendered apart from writing
+them), each shard writes its events to a file of a temporary directory (``TMPDIR``) at
+every sweep, in position order (:class:`_Spill`), rather than holding them until the
+merge, and the parent merges the files as it reads them: no process holds the records
+of the whole input, as none does in one process. The files are removed when the report
+is written. Where they cannot be written, the input is analyzed in one process.
+
 Two things that one process does across shards are checked afterwards; if either
 happened, the input is analyzed again in one process (exact, but twice the time):
 
@@ -40,24 +47,30 @@ happened, the input is analyzed again in one process (exact, but twice the time)
   the last-activity times are out of that order (a DNS over TCP message is timed by
   its first segment, a capture out of time order), so ``EXPIRE`` is checked per sweep.
 
-A shard stops at once, and the input is analyzed in one process, where what it holds
-passes its share of ``Options.max_memory`` (``--max-memory``): the shards keep every
-record until they merge, where one process streaming JSON Lines keeps none, and one
-listing them sketches the summary past that budget (``netdiag.fleet``). A cap over all
-connections reached by a shard (``Limits.on_global_hit``) does the same.
+For any other sink, a shard stops at once, and the input is analyzed in one process,
+where the records it holds pass its share of ``Options.max_memory`` (``--max-memory``):
+such a shard keeps every record until the merge, and one process listing them sketches
+the summary past that budget (``netdiag.fleet``). A cap over all connections reached
+by a shard (``Limits.on_global_hit``) does the same, whatever the sink.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
+import heapq
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import traceback
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import IO, Any
 
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import NoSummary, SummaryBuilder
@@ -67,7 +80,7 @@ from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_li
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.quick_exit import flush_standard_streams
-from netdiag.record_cost import connection_bytes, dns_bytes, may_pass
+from netdiag.record_cost import connection_bytes, dns_bytes
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
 from netdiag.result import CaptureFacts, Result, Sink
 from netdiag.tls.keylog import KeyLog
@@ -117,13 +130,9 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def resolve_jobs(jobs: int | None, paths: list[str], *, budget: int | None = None,
-                 streams: bool = False) -> int:
+def resolve_jobs(jobs: int | None, paths: list[str]) -> int:
     """``--jobs``: a positive count as given; None or 0 picks: the CPUs available, or 1
-    for input below :data:`AUTO_MIN_BYTES` (or not regular files), or 1 where the records
-    stream out (``streams``: JSON Lines) and those of input this large could pass
-    ``budget`` (``--max-memory``, :func:`netdiag.record_cost.may_pass`): the shards
-    hold every record until they merge, and one process holds none."""
+    for input below :data:`AUTO_MIN_BYTES` (or not regular files)."""
     if jobs:
         return jobs
     if not all(os.path.isfile(p) for p in paths):
@@ -132,7 +141,7 @@ def resolve_jobs(jobs: int | None, paths: list[str], *, budget: int | None = Non
         total = sum(os.path.getsize(p) for p in paths)
     except OSError:
         return 1
-    if total < AUTO_MIN_BYTES or (streams and may_pass(total, budget)):
+    if total < AUTO_MIN_BYTES:
         return 1
     return available_cpus()
 
@@ -171,18 +180,23 @@ class _Recorder:
 
     def __init__(self, run: ShardRun, sink: Any) -> None:
         self.run = run
-        pre = hasattr(sink, "dns_rendered") and hasattr(sink, "connection_rendered")
+        pre = renders(sink)
         self.render_dns = getattr(sink, "render_dns", None) if pre else None
         self.render_connection = getattr(sink, "render_connection", None) if pre else None
-        self.settler = Settler()  # a shard keeps every record until its output is sent
+        self.holds = run.spill is None
+        """The records stay in memory until the output is sent (they are not spilled)."""
+        self.settler = Settler()
         budget, shard = run.options.max_memory, run.options.shard
-        self.room = None if budget is None else budget // (shard[1] if shard else 1)
+        self.room = None if budget is None or not self.holds \
+            else budget // (shard[1] if shard else 1)
         """Estimated bytes of records this shard may still hold (its share of
-        ``Options.max_memory``; None: no bound)."""
+        ``Options.max_memory``; None: no bound, or nothing held)."""
 
     def _hold(self, size: int) -> None:
         """Count a record kept; past the shard's share of the budget, only one process
-        can stay within it (it holds no record a streaming sink has written)."""
+        can stay within it."""
+        if self.holds:
+            self.settler.kept()
         if self.room is not None:
             self.room -= size
             if self.room < 0:
@@ -192,7 +206,6 @@ class _Recorder:
         run = self.run
         render = self.render_dns
         run.events.append((run.position(), DNS, t, None if render is None else render(t)))
-        self.settler.kept()
         self._hold(dns_bytes(t))
 
     def connection(self, c: Connection) -> None:
@@ -200,17 +213,75 @@ class _Recorder:
         render = self.render_connection
         run.events.append((run.position(), CONNECTION, c,
                            None if render is None else render(c)))
-        self.settler.kept()
         self._hold(connection_bytes(c))
+
+
+def renders(sink: Any) -> bool:
+    """Does ``sink`` take records rendered apart from writing them (``JsonlSink``)? Such
+    a sink streams: a sharded run then spills its events (:class:`_Spill`)."""
+    return hasattr(sink, "dns_rendered") and hasattr(sink, "connection_rendered")
+
+
+class _Spill:
+    """A shard's events written to a file in position order, a batch at a time as the
+    scan goes (at each sweep), instead of held until the merge: for a sink that streams
+    (JSON Lines), no process then holds the records of the whole input. A batch is an
+    8-byte length and the pickle of its packed events (:func:`_pack_events`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.file: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed by close())
+        except OSError as e:
+            raise Sequential(f"cannot spill the shard's records: {e}") from None
+        self.created: list[int] = []
+        """The creating packets of the connections written."""
+        self.first_secrets: Position | None = None
+        """The position of the first secrets warning written."""
+
+    def write(self, events: list[Event]) -> None:
+        """Append ``events`` (in position order, after every event written so far)."""
+        created = self.created
+        for pos, kind, rec, _extra in events:
+            if kind == CONNECTION:
+                created.append(int(rec.id[1:]))
+            elif kind == SECRETS_WARN and self.first_secrets is None:
+                self.first_secrets = pos
+        try:
+            for i in range(0, len(events), TRANSFER_EVENTS):
+                data = pickle.dumps(_pack_events(events[i:i + TRANSFER_EVENTS]),
+                                    pickle.HIGHEST_PROTOCOL)
+                self.file.write(len(data).to_bytes(8, "little"))
+                self.file.write(data)
+        except OSError as e:  # a full disk: one process needs no file
+            raise Sequential(f"cannot spill the shard's records: {e}") from None
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError as e:
+            raise Sequential(f"cannot spill the shard's records: {e}") from None
+
+
+def read_spill(path: str) -> Iterator[Event]:
+    """The events a :class:`_Spill` wrote, in order, one batch in memory at a time."""
+    with open(path, "rb") as f:
+        while head := f.read(8):
+            batch: list[Event] = []
+            _unpack_events(pickle.loads(f.read(int.from_bytes(head, "little"))), batch)
+            yield from batch
 
 
 class ShardRun(_Run):
     """The pipeline of one shard: records events with their positions instead of emitting."""
 
     def __init__(self, sink: Sink, options: Options, facts: CaptureFacts,
-                 readers: list[CaptureReader]) -> None:
+                 readers: list[CaptureReader], spill: str | None = None) -> None:
         super().__init__(sink, options, facts, readers)
         self.events: list[Event] = []
+        """The events not yet written to ``spill``: all of them without one."""
+        self.spill = None if spill is None else _Spill(spill)
+        """Where the events go at each sweep (``spill``: a path), else None."""
         self._seq = 0
         self._stage: str | None = None
         self._expiring_at = -1
@@ -261,8 +332,21 @@ class ShardRun(_Run):
     def stage(self, name: str) -> None:
         self._stage = name
 
+    def _spill_before(self, packet: int) -> None:
+        """Write out the events positioned before ``packet``: no later event can sort
+        before them (a position's packet is the one being read, or ``END``)."""
+        events = self.events
+        if self.spill is None or not events:
+            return
+        events.sort(key=itemgetter(0))
+        k = bisect_left(events, packet, key=_packet_of)
+        if k:
+            self.spill.write(events[:k])
+            del events[:k]
+
     def _expire(self, now_ns: int) -> None:
         p = self.table.current
+        self._spill_before(p)
         self._expiring_at = p
         events = self.events
         n = len(events)
@@ -303,10 +387,21 @@ class ShardRun(_Run):
         fragments = self.table.defrag.limits_hit
         for name, times in fragments.items():
             own[name] = own.get(name, 0) - times
+        spill = self.spill
+        if spill is not None:
+            self._spill_before(END + 1)
+            spill.close()
         return ShardOutput(self.events, self.udp_warnings, self.udp_suppressed,
                            dns.stats["warnings_suppressed"], self.client_randoms,
                            self.first_sync, self.expire_heads, self.expired_last,
-                           {k: v for k, v in own.items() if v}, dict(fragments))
+                           {k: v for k, v in own.items() if v}, dict(fragments),
+                           None if spill is None else spill.path,
+                           None if spill is None else spill.created,
+                           None if spill is None else spill.first_secrets)
+
+
+def _packet_of(e: Event) -> int:
+    return e[0][0]
 
 
 @dataclasses.dataclass
@@ -326,6 +421,13 @@ class ShardOutput:
     """Caps reached on this shard's connections."""
     fragment_hits: dict[str, int] = dataclasses.field(default_factory=dict)
     """Caps reached by IP reassembly (the same in every shard: it precedes the flow key)."""
+    spill: str | None = None
+    """The file of the events (:func:`read_spill`), in position order; then ``events``
+    is empty. None: the events are ``events``."""
+    created: list[int] | None = None
+    """With ``spill``: the creating packets of the shard's connections."""
+    first_secrets: Position | None = None
+    """With ``spill``: the position of the shard's first secrets warning, if any."""
 
 
 # -- across processes -------------------------------------------------------------------
@@ -442,12 +544,12 @@ def _shard_options(options: Options, k: int, n: int, *, parent: bool) -> Options
 
 
 def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
-           sink: Any) -> None:
+           sink: Any, spill: str | None = None) -> None:
     """A forked shard: run, then send the output (or what went wrong) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the shards
     try:
         _res, run = _analyze(paths, sink, _shard_options(options, k, n, parent=False),
-                             ShardRun)
+                             functools.partial(ShardRun, spill=spill))
         assert isinstance(run, ShardRun)
         gc.disable()  # the collector would walk every record while they are packed
         output = run.output()
@@ -489,20 +591,40 @@ def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
     n = resolve_jobs(options.jobs, paths)
     if n <= 1 or not _shardable(paths):
         return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
+    spill_dir = None
+    if renders(sink):
+        try:
+            spill_dir = tempfile.mkdtemp(prefix="netdiag-shards-")
+        except OSError:  # nowhere to spill: one process streams without
+            return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
+    try:
+        return _sharded(paths, sink, options, n, spill_dir)
+    finally:
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+def _sharded(paths: list[str], sink: Sink, options: Options, n: int,
+             spill_dir: str | None) -> Result:
+    """:func:`analyze_sharded` in ``n`` processes; the events of each shard spilled to a
+    file of ``spill_dir`` if given."""
+    def spill(k: int) -> str | None:
+        return None if spill_dir is None else os.path.join(spill_dir, f"shard-{k}.events")
+
     ctx = multiprocessing.get_context("fork")
     flush_standard_streams()  # a child must not write the parent's buffers again
     children: list[tuple[Any, Any]] = []
     try:
         for k in range(1, n):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(send, paths, options, k, n, sink),
+            proc = ctx.Process(target=_child, args=(send, paths, options, k, n, sink, spill(k)),
                                name=f"netdiag-shard-{k}", daemon=True)
             proc.start()
             send.close()
             children.append((proc, receive))
         try:
             res0, run0 = _analyze(paths, sink, _shard_options(options, 0, n, parent=True),
-                                  ShardRun)
+                                  functools.partial(ShardRun, spill=spill(0)))
         except Sequential:
             return _sequential(paths, sink, options, children)
         assert isinstance(run0, ShardRun)
@@ -570,7 +692,8 @@ def _sequential(paths: list[str], sink: Sink, options: Options,
 class Merged:
     """The shards' events in the order one process emits them, and the connection ids."""
 
-    events: list[Event]
+    events: Iterable[Event]
+    """A list, or where the shards spilled them, read from their files as iterated."""
     ids: dict[int, str]
     """Connection id by creating packet."""
     dns_warnings: list[str]
@@ -602,18 +725,23 @@ def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Me
             return None
     # secrets warnings: the shard that synced first says them where one process does
     secrets_from = None
-    firsts = [(next(e[0] for e in o.events if e[1] == SECRETS_WARN), i)
-              for i, o in enumerate(outputs) if any(e[1] == SECRETS_WARN for e in o.events)]
+    firsts = [(first, i) for i, o in enumerate(outputs)
+              if (first := _first_secrets(o)) is not None]
     if firsts:
         secrets_from = min(firsts)[1]
-    events: list[Event] = []
-    for i, o in enumerate(outputs):
-        if secrets_from is None or i == secrets_from:
-            events.extend(o.events)
-        else:
-            events.extend(e for e in o.events if e[1] != SECRETS_WARN)
-    events.sort(key=itemgetter(0))
-    created = sorted(int(e[2].id[1:]) for e in events if e[1] == CONNECTION)
+    events: Iterable[Event]
+    if any(o.spill is not None for o in outputs):
+        events = _Streams(outputs, secrets_from)
+        created = sorted(p for o in outputs for p in _created_packets(o))
+    else:
+        events = []
+        for i, o in enumerate(outputs):
+            if secrets_from is None or i == secrets_from:
+                events.extend(o.events)
+            else:
+                events.extend(e for e in o.events if e[1] != SECRETS_WARN)
+        events.sort(key=itemgetter(0))
+        created = sorted(int(e[2].id[1:]) for e in events if e[1] == CONNECTION)
     ids = {p: f"C{i}" for i, p in enumerate(created, 1)}
     # the DNS analyzer's list: the first ones in order, the rest counted
     udp = sorted((w for o in outputs for w in o.udp_warnings), key=itemgetter(0))
@@ -632,6 +760,40 @@ def merge(outputs: list[ShardOutput], capture: CaptureFacts | None = None) -> Me
         for name, times in o.limits_hit.items():
             hits[name] = hits.get(name, 0) + times
     return Merged(events, ids, analyzer.warnings, randoms, hits)
+
+
+def _first_secrets(o: ShardOutput) -> Position | None:
+    if o.spill is not None:
+        return o.first_secrets
+    return next((e[0] for e in o.events if e[1] == SECRETS_WARN), None)
+
+
+def _created_packets(o: ShardOutput) -> list[int]:
+    """The creating packets of a shard's connections."""
+    if o.spill is not None:
+        return o.created or []
+    return [int(e[2].id[1:]) for e in o.events if e[1] == CONNECTION]
+
+
+class _Streams:
+    """The events of shards that spilled them, merged by position as they are read
+    (each file is in position order); the secrets warnings of shard ``secrets_from``
+    only. Each iteration reads the files again."""
+
+    def __init__(self, outputs: list[ShardOutput], secrets_from: int | None) -> None:
+        self.outputs = outputs
+        self.secrets_from = secrets_from
+
+    def _one(self, i: int, o: ShardOutput) -> Iterator[Event]:
+        events: Iterable[Event] = (read_spill(o.spill) if o.spill is not None
+                                   else sorted(o.events, key=itemgetter(0)))
+        if self.secrets_from is None or i == self.secrets_from:
+            return iter(events)
+        return (e for e in events if e[1] != SECRETS_WARN)
+
+    def __iter__(self) -> Iterator[Event]:
+        return heapq.merge(*(self._one(i, o) for i, o in enumerate(self.outputs)),
+                           key=itemgetter(0))
 
 
 def replay(merged: Merged, sink: Sink, options: Options, run0: _Run, res0: Result) -> Result:

@@ -18,6 +18,7 @@ import random
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -119,21 +120,59 @@ def test_two_files(tmp_path: Path, fallbacks: list[int]) -> None:
     assert not fallbacks
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "json"])
 def test_records_past_the_memory_budget_start_over_in_one_process(
-        mixed: Path, fmt: str, fallbacks: list[int]) -> None:
-    """The shards hold every record until they merge: a shard whose records pass its
-    share of ``--max-memory`` stops, and the capture is analyzed in one process (which
-    streams JSON Lines, and sketches a listing report's summary past the budget)."""
-    args = [str(mixed), "--format", fmt, "--no-profile", "--max-memory", "1M"]
+        mixed: Path, fallbacks: list[int]) -> None:
+    """A listing report's shards hold every record until they merge: a shard whose
+    records pass its share of ``--max-memory`` stops, and the capture is analyzed in one
+    process (which sketches the summary past the budget)."""
+    args = [str(mixed), "--format", "json", "--no-profile", "--max-memory", "1M"]
     one = report(*args, "--jobs", "1")
     assert not fallbacks
     assert report(*args, "--jobs", "2") == one
     assert fallbacks == [1]
-    if fmt == "jsonl":  # streamed: the budget changes nothing but where it ran
-        assert one == report(str(mixed), "--format", fmt, "--no-profile", "--jobs", "1")
-    else:
-        assert json.loads(one)["summary"]["sketch"]
+    assert json.loads(one)["summary"]["sketch"]
+
+
+def test_json_lines_shards_spill_their_records_as_they_go(
+        mixed: Path, fallbacks: list[int], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """JSON Lines streams: each shard writes its events to a file at every sweep instead
+    of holding them, so a ``--max-memory`` far below the records' size starts nothing
+    over; the parent merges the files, and they are gone once the report is written."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    writes: list[tuple[int, int]] = []  # (events, last packet) per write, parent's shard
+    real = shard._Spill.write
+
+    def spy(self: Any, events: list[Any]) -> None:
+        writes.append((len(events), max(e[0][0] for e in events)))
+        real(self, events)
+
+    monkeypatch.setattr(shard._Spill, "write", spy)
+    args = [str(mixed), "--format", "jsonl", "--no-profile"]
+    one = report(*args, "--jobs", "1")
+    assert not writes
+    assert report(*args, "--jobs", "2", "--max-memory", "1M") == one
+    assert not fallbacks
+    total = sum(n for n, _last in writes)
+    assert any(last < shard.END for _n, last in writes)  # written during the scan
+    assert max(n for n, _last in writes) < total / 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_lines_without_a_place_to_spill_runs_in_one_process(
+        mixed: Path, fallbacks: list[int], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    args = [str(mixed), "--format", "jsonl", "--no-profile"]
+    one = report(*args, "--jobs", "1")
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **_kw: str(tmp_path / "gone"))
+    assert report(*args, "--jobs", "2") == one  # the files cannot be opened
+    assert fallbacks == [1]
+
+    def refuse(**_kw: Any) -> str:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    assert report(*args, "--jobs", "2") == one
 
 
 def test_real_process_streams_nothing_twice(tmp_path: Path) -> None:
@@ -362,7 +401,8 @@ def _output(events: list[Any], **kw: Any) -> shard.ShardOutput:
     return shard.ShardOutput(events, **{**base, **kw})
 
 
-def test_merge_orders_as_one_process() -> None:
+def _two_shards() -> tuple[list[Any], list[Any]]:
+    """The events of two shards, each in the order its run appends them."""
     end, conn_, expire, dns_end, packet = (shard.END, shard.CONN, shard.EXPIRE, shard.DNS_END,
                                            shard.PACKET)
     a = [  # shard 0
@@ -380,10 +420,19 @@ def test_merge_orders_as_one_process() -> None:
         ((40001, packet, 0, 5), shard.CONNECTION, _conn(40001), None),
         ((end, conn_, 1, 6), shard.CONNECTION, _conn(1), None),
     ]
+    return a, b
+
+
+def _order(merged: shard.Merged) -> list[tuple[int, str | None]]:
+    return [(e[1], e[2].id if e[1] == shard.CONNECTION else getattr(e[2], "qname", None))
+            for e in merged.events]
+
+
+def test_merge_orders_as_one_process() -> None:
+    a, b = _two_shards()
     merged = shard.merge([_output(a), _output(b)])
     assert merged is not None
-    order = [(e[1], e[2].id if e[1] == shard.CONNECTION else
-              getattr(e[2], "qname", None)) for e in merged.events]
+    order = _order(merged)
     assert order == [
         (shard.CONNECTION, "#2"), (shard.CONNECTION, "#4"),
         (shard.DNS, "q4.example"), (shard.CONNECTION, "#3"),  # sweep: creation order
@@ -402,6 +451,47 @@ def test_merge_orders_as_one_process() -> None:
                    "C1", "q3.example"]
     assert [w.message for w in result.capture.warnings] == ["C5 x -> y: tls: cut"]
     assert result.summary.tcp_connections == 6 and result.summary.dns_total == 4
+
+
+def test_spilled_events_merge_as_held_ones(tmp_path: Path) -> None:
+    """Shards that wrote their events to files merge into the same order, ids and
+    replay as shards that held them, each time the events are read."""
+    held = shard.merge([_output(a) for a in _two_shards()])
+    outputs = []
+    for k, events in enumerate(_two_shards()):
+        run = SimpleNamespace(events=list(events),
+                              spill=shard._Spill(str(tmp_path / f"shard-{k}.events")))
+        shard.ShardRun._spill_before(run, shard.END + 1)  # type: ignore[arg-type]
+        run.spill.close()
+        assert run.events == []
+        outputs.append(_output([], spill=run.spill.path, created=run.spill.created,
+                               first_secrets=run.spill.first_secrets))
+    spilled = shard.merge(outputs)
+    assert held is not None and spilled is not None
+    assert not isinstance(spilled.events, list)
+    assert _order(spilled) == _order(held) == _order(spilled)
+    assert spilled.ids == held.ids
+    got: list[list[str]] = []
+    for merged in (held, spilled):
+        got.append([])
+        sink = SimpleNamespace(connection=lambda c, out=got[-1]: out.append(c.id),
+                               dns=lambda t, out=got[-1]: out.append(t.qname))
+        shard.replay(merged, sink, Options(), SimpleNamespace(readers=[], keylog=None),
+                     SimpleNamespace(capture=CaptureFacts(files=["x"])))  # type: ignore[arg-type]
+    assert got[0] == got[1] and len(got[0]) == 10
+
+
+def test_a_spill_writes_only_what_no_later_event_can_precede(tmp_path: Path) -> None:
+    """At a sweep before packet 32768, the events of earlier packets go to the file, in
+    order; those of the packet itself stay (its own events may still sort before them)."""
+    a, _b = _two_shards()
+    run = SimpleNamespace(events=list(reversed(a)),
+                          spill=shard._Spill(str(tmp_path / "s.events")))
+    shard.ShardRun._spill_before(run, 32768)  # type: ignore[arg-type]
+    run.spill.close()
+    assert [e[0][0] for e in run.events] == [32768, 32768, 32768, shard.END]
+    assert [e[0] for e in shard.read_spill(run.spill.path)] == [a[0][0]]
+    assert run.spill.created == [2]
 
 
 def test_merge_refuses_an_expiry_one_process_would_have_stopped() -> None:
@@ -535,13 +625,6 @@ def test_resolve_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard, "AUTO_MIN_BYTES", 0)
     cpus = shard.available_cpus()
     assert shard.resolve_jobs(0, [str(ANTHO)]) == cpus
-    # streamed records whose worst case could pass the memory budget: one process
-    size = ANTHO.stat().st_size
-    assert shard.resolve_jobs(None, [str(ANTHO)], budget=size, streams=True) == 1
-    assert shard.resolve_jobs(None, [str(ANTHO)], budget=size, streams=False) == cpus
-    assert shard.resolve_jobs(None, [str(ANTHO)], budget=None, streams=True) == cpus
-    assert shard.resolve_jobs(None, [str(ANTHO)], budget=1 << 40, streams=True) == cpus
-    assert shard.resolve_jobs(2, [str(ANTHO)], budget=size, streams=True) == 2
     if hasattr(os, "mkfifo"):
         fifo = tmp_path / "fifo"
         os.mkfifo(fifo)
@@ -565,11 +648,10 @@ def test_jobs_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == [2, 3]
 
 
-def test_jobs_unset_streams_big_input_in_one_process(monkeypatch: pytest.MonkeyPatch
-                                                     ) -> None:
-    """``--jobs`` unset: JSON Lines runs in one process where its records could pass
-    ``--max-memory`` (one process holds none of them); a listing format, which holds
-    them anyway, still takes every core."""
+def test_jobs_unset_takes_every_core_whatever_the_budget(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """``--jobs`` unset: big input takes every core, JSON Lines too (its shards spill
+    their records, so ``--max-memory`` does not decide)."""
     seen: list[str] = []
     real = shard.analyze_sharded
 
@@ -582,10 +664,9 @@ def test_jobs_unset_streams_big_input_in_one_process(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(shard, "available_cpus", lambda: 2)
     small = f"{ANTHO.stat().st_size}B"
     report(str(ANTHO), "--format", "jsonl", "--max-memory", small)
-    assert seen == []
     report(str(ANTHO), "--format", "jsonl", "--max-memory", "none")
     report(str(ANTHO), "--format", "json", "--max-memory", small)
-    assert seen == ["2", "2"]
+    assert seen == ["2", "2", "2"]
 
 
 def test_a_shard_ends_right_after_sending_everything(monkeypatch: pytest.MonkeyPatch

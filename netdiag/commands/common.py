@@ -209,10 +209,10 @@ def fleet_options(f: Callable[..., Any]) -> Callable[..., Any]:
                   help="Memory the listed records may take (estimated from what they hold: "
                        "4G, 512M); beyond, the summary is sketched as with --max-records. "
                        "auto: half the memory available at the start; none: no bound. "
-                       "JSON Lines streams its records and is never bounded. With --jobs "
-                       "above 1 the processes hold every record until they merge: past "
-                       "this, the capture is analyzed again in one process (and --jobs "
-                       "unset runs JSON Lines in one where its records could pass it).")
+                       "JSON Lines streams its records and is never bounded (with --jobs "
+                       "above 1 its processes spill them to TMPDIR). With --jobs above 1 "
+                       "the processes of the other formats hold every record until they "
+                       "merge: past this, the capture is analyzed again in one process.")
     @click.option("--set-gap", "set_gap_ns", callback=gap, metavar="DURATION",
                   help="A file of a source starting within this of the previous file's last "
                        "packet continues its capture set (default: 5m, the idle timeout).")

@@ -136,8 +136,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
                             reuse_min=reuse_min, retrans_max=retrans_max, stall_ms=stall_ms)
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=keylog, dns_heuristic=dns_heuristic, **limits,
-                      jobs=resolve_jobs(jobs, files, budget=fleet["max_memory"],
-                                        streams=fmt == "jsonl") if engine == "netdiag" else 1,
+                      jobs=resolve_jobs(jobs, files) if engine == "netdiag" else 1,
                       max_memory=fleet["max_memory"])
     to_file = bool(output) and fmt not in ("csv", "parquet")
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115

@@ -341,8 +341,7 @@ def _in_process(plan: Plan, options: Options, fleet: FleetOptions,
     from netdiag.shard import resolve_jobs
 
     for i, s in enumerate(plan.sets):
-        jobs = 1 if fleet.executor == "serial" else resolve_jobs(
-            fleet.jobs, s.paths, budget=fleet.max_memory, streams=not fleet.holds_records)
+        jobs = 1 if fleet.executor == "serial" else resolve_jobs(fleet.jobs, s.paths)
         opts = set_options(options, jobs)
         if fleet.progress is not None:
             opts.progress = lambda done, _total, i=i: report(i, done)
