@@ -86,6 +86,10 @@ class Options:
     may hold: its shards hold every record until they merge, and one whose share passes
     this has the input analyzed again in one process (``--max-memory``). None: no
     bound."""
+    max_records: int | None = None
+    """Records (connections and DNS transactions) a run in several processes may hold,
+    the same way (``--max-records``: past it, a listing report keeps none). None: no
+    bound."""
 
     def limits(self) -> Limits:
         """Fresh caps for one run (a shard's: its share of each, see ``netdiag.shard``)."""

@@ -48,9 +48,10 @@ happened, the input is analyzed again in one process (exact, but twice the time)
   its first segment, a capture out of time order), so ``EXPIRE`` is checked per sweep.
 
 For any other sink, a shard stops at once, and the input is analyzed in one process,
-where the records it holds pass its share of ``Options.max_memory`` (``--max-memory``):
-such a shard keeps every record until the merge, and one process listing them sketches
-the summary past that budget (``netdiag.fleet``). A cap over all connections reached
+where the records it holds pass its share of ``Options.max_memory`` (``--max-memory``)
+or of ``Options.max_records`` (``--max-records``): such a shard keeps every record
+until the merge, and one process listing them sketches the summary past either bound
+(``netdiag.fleet``). A cap over all connections reached
 by a shard (``Limits.on_global_hit``) does the same, whatever the sink.
 """
 
@@ -186,21 +187,28 @@ class _Recorder:
         self.holds = run.spill is None
         """The records stay in memory until the output is sent (they are not spilled)."""
         self.settler = Settler()
-        budget, shard = run.options.max_memory, run.options.shard
-        self.room = None if budget is None or not self.holds \
-            else budget // (shard[1] if shard else 1)
+        budget, records, shard = run.options.max_memory, run.options.max_records, \
+            run.options.shard
+        n = shard[1] if shard else 1
+        self.room = None if budget is None or not self.holds else budget // n
         """Estimated bytes of records this shard may still hold (its share of
         ``Options.max_memory``; None: no bound, or nothing held)."""
+        self.records_left = None if records is None or not self.holds else records // n
+        """Records this shard may still hold (its share of ``Options.max_records``)."""
 
     def _hold(self, size: int) -> None:
-        """Count a record kept; past the shard's share of the budget, only one process
-        can stay within it."""
+        """Count a record kept; past the shard's share of the budget or of the records,
+        only one process can stay within it."""
         if self.holds:
             self.settler.kept()
         if self.room is not None:
             self.room -= size
             if self.room < 0:
                 raise Sequential("the records held passed --max-memory")
+        if self.records_left is not None:
+            self.records_left -= 1
+            if self.records_left < 0:
+                raise Sequential("the records held passed --max-records")
 
     def dns(self, t: DnsTransaction) -> None:
         run = self.run

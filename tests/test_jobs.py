@@ -133,6 +133,21 @@ def test_records_past_the_memory_budget_start_over_in_one_process(
     assert json.loads(one)["summary"]["sketch"]
 
 
+def test_records_past_max_records_start_over_in_one_process(
+        mixed: Path, fallbacks: list[int]) -> None:
+    """``--max-records`` bounds what a listing report's shards hold as ``--max-memory``
+    does: past its share, one process (which keeps no record past the count); JSON
+    Lines' shards hold none, so nothing starts over."""
+    args = [str(mixed), "--format", "json", "--no-profile", "--max-records", "100"]
+    one = report(*args, "--jobs", "1")
+    assert json.loads(one)["capture"]["records_omitted"]["connections"] > 0
+    assert report(*args, "--jobs", "2") == one
+    assert fallbacks == [1]
+    args = [str(mixed), "--format", "jsonl", "--no-profile", "--max-records", "100"]
+    assert report(*args, "--jobs", "2") == report(*args, "--jobs", "1")
+    assert fallbacks == [1]
+
+
 def test_json_lines_shards_spill_their_records_as_they_go(
         mixed: Path, fallbacks: list[int], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def report(captures: tuple[str, ...], fmt: str, output: str | None, dns_slow_ms:
     options = Options(thresholds=thresholds, dns_ports=frozenset({53, *dns_ports}),
                       keylog=keylog, dns_heuristic=dns_heuristic, **limits,
                       jobs=resolve_jobs(jobs, files) if engine == "netdiag" else 1,
-                      max_memory=fleet["max_memory"])
+                      max_memory=fleet["max_memory"], max_records=fleet["max_records"])
     to_file = bool(output) and fmt not in ("csv", "parquet")
     out: IO[str] = (open(output, "w", encoding="utf-8") if to_file  # noqa: SIM115
                     else sys.stdout)

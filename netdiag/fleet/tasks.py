@@ -60,7 +60,7 @@ def task_options(options: Options) -> tuple[Options, bytes | None]:
     # no budget for a worker's shard: it sends its records back either way, and one
     # run of the whole set in its place would hold them all
     plain = dataclasses.replace(options, progress=None, keylog=None, jobs=1, shard=None,
-                                max_memory=None)
+                                max_memory=None, max_records=None)
     return plain, keylog
 
 

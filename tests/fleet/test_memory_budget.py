@@ -119,5 +119,5 @@ def test_a_dask_shard_has_no_budget_of_its_own() -> None:
     from netdiag.fleet.tasks import task_options
     from netdiag.pipeline import Options
 
-    plain, _keylog = task_options(Options(max_memory=1 << 20, jobs=2))
-    assert plain.max_memory is None and plain.jobs == 1
+    plain, _keylog = task_options(Options(max_memory=1 << 20, max_records=10, jobs=2))
+    assert plain.max_memory is None and plain.max_records is None and plain.jobs == 1
