@@ -446,22 +446,29 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
     return rows
 
 
-def run_scaling(base_packets: int, factors: list[int], formats: list[str],
+def run_scaling(base_packets: int, factors: list[int], formats: list[str], jobs: list[int],
                 args: argparse.Namespace, env: dict) -> list[dict]:
-    """Time and memory at 1x, 4x, 16x: cost must grow with packets, memory with flows."""
+    """Time and memory at 1x, 4x, 16x: cost must grow with packets, memory with flows
+    (JSON lines also with more than one process: its shards spill their records)."""
     base = netdiag_base(args.netdiag_cmd)
-    jobs_flag = ["--jobs", "1"] if netdiag_supports_jobs(base, env) else []
+    if not netdiag_supports_jobs(base, env):
+        jobs = [0]
     out = []
     for f in factors:
         path = ensure_capture(base_packets * f)
         packets = count_packets(path)
         for fmt in formats:
-            cmd = [*base, "report", str(path), "--format", fmt, "--no-profile", *jobs_flag]
-            r = best_of([measure_warm(f"netdiag {fmt} {f}x", cmd, path, packets, env,
-                                      args.timeout) for _ in range(args.repeat)])
-            out.append({"factor": f, "format": fmt, "packets": packets, "netdiag": r,
-                        "us_per_packet": (round(r["wall_s"] / packets * 1e6, 2)
-                                          if r.get("ok") else None)})
+            for j in jobs:
+                if j != 1 and fmt != "jsonl" and 1 in jobs:
+                    continue  # the listing formats hold every record whatever the jobs
+                jobs_flag = ["--jobs", str(j)] if j else []
+                cmd = [*base, "report", str(path), "--format", fmt, "--no-profile", *jobs_flag]
+                r = best_of([measure_warm(f"netdiag {fmt} {f}x jobs {j or '-'}", cmd, path,
+                                          packets, env, args.timeout)
+                             for _ in range(args.repeat)])
+                out.append({"factor": f, "format": fmt, "jobs": j or None, "packets": packets,
+                            "netdiag": r, "us_per_packet": (round(r["wall_s"] / packets * 1e6, 2)
+                                                            if r.get("ok") else None)})
     return out
 
 
@@ -535,15 +542,16 @@ def verdicts(rows: list[dict], capacity: dict | None = None) -> list[str]:
 
 
 def print_scaling(rows: list[dict]) -> None:
-    print(f"{'factor':>6} {'format':<6} {'packets':>10} {'wall s':>7} {'us/packet':>9} "
-          f"{'peak MiB':>8}")
+    print(f"{'factor':>6} {'format':<6} {'jobs':>4} {'packets':>10} {'wall s':>7} "
+          f"{'us/packet':>9} {'peak MiB':>8}")
     for r in rows:
         nd = r["netdiag"]
+        jobs = r.get("jobs") or "-"
         if nd.get("ok"):
-            print(f"{r['factor']:>5}x {r['format']:<6} {r['packets']:>10,} {nd['wall_s']:>7.2f} "
-                  f"{r['us_per_packet']:>9.2f} {nd['peak_rss_mib']:>8.1f}")
+            print(f"{r['factor']:>5}x {r['format']:<6} {jobs:>4} {r['packets']:>10,} "
+                  f"{nd['wall_s']:>7.2f} {r['us_per_packet']:>9.2f} {nd['peak_rss_mib']:>8.1f}")
         else:
-            print(f"{r['factor']:>5}x {r['format']:<6} FAILED")
+            print(f"{r['factor']:>5}x {r['format']:<6} {jobs:>4} FAILED")
 
 
 def compile_bytecode() -> None:
@@ -603,8 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(Case("lab key log", keyed, keyed.with_suffix(".keys")))
     rows = run_matrix(cases, formats, jobs, args, env) if cases else []
     capacity = parallel_capacity() if any(j != 1 for j in jobs) and rows else None
-    scaling = (run_scaling(max(1000, args.packets // 16), [1, 4, 16], ["text", "jsonl"], args,
-                           env) if args.scaling or args.scaling_only else [])
+    scaling = (run_scaling(max(1000, args.packets // 16), [1, 4, 16], ["text", "jsonl"], jobs,
+                           args, env) if args.scaling or args.scaling_only else [])
     if args.json:
         print(json.dumps({"rows": rows, "scaling": scaling,
                           "verdicts": verdicts(rows, capacity), "parallel_capacity": capacity,

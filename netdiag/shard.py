@@ -51,8 +51,8 @@ For any other sink, a shard stops at once, and the input is analyzed in one proc
 where the records it holds pass its share of ``Options.max_memory`` (``--max-memory``)
 or of ``Options.max_records`` (``--max-records``): such a shard keeps every record
 until the merge, and one process listing them sketches the summary past either bound
-(``netdiag.fleet``). A cap over all connections reached
-by a shard (``Limits.on_global_hit``) does the same, whatever the sink.
+(``netdiag.fleet``). A cap over all connections reached by a shard
+(``Limits.on_global_hit``) does the same, whatever the sink.
 """
 
 from __future__ import annotations
