@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import csv
 import gzip
 import io
@@ -535,6 +536,7 @@ def test_thirdparty_timestamps_match_tshark(name: str) -> None:
 # -- properties: never a traceback ----------------------------------------------------------
 
 _TMP = tempfile.mkdtemp(prefix="netdiag-reader-")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # not one directory per run left
 _VALID = [
     pcap_bytes([(1, 2, b"abc" * 20, 60), (3, 4, b"d" * 9, 9)]),
     pcap_bytes([(1, 2, b"abc" * 20, 60)], bo=">", nano=True),
