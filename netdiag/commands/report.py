@@ -380,7 +380,7 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     if isinstance(lazy, Records):  # each connection gets its paths as it is written
         lazy.steps.append(lambda cj, conn: annotate_connection(cj, conn, analysis))
     if fmt == "json":
-        write_json(doc, out, jobs=options.jobs or 1)
+        write_json(doc, out)
     elif fmt == "har":
         from netdiag.report.har import build_har
 
