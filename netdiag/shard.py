@@ -30,11 +30,13 @@ offer ``render_dns``/``dns_rendered`` and ``render_connection``/``connection_ren
 keeps the serial part small.
 
 For a sink that streams (``JsonlSink``: it takes records rendered apart from writing
-them), each shard writes its events to a file of a temporary directory (``TMPDIR``) at
-every sweep, in position order (:class:`_Spill`), rather than holding them until the
-merge, and the parent merges the files as it reads them: no process holds the records
-of the whole input, as none does in one process. The files are removed when the report
-is written. Where they cannot be written, the input is analyzed in one process.
+them), each shard writes its events to a file at every sweep, in position order
+(:class:`_Spill`), rather than holding them until the merge, and the parent merges the
+files as it reads them: no process holds the records of the whole input, as none does
+in one process. The files are anonymous (``tempfile.TemporaryFile`` in ``TMPDIR``, made
+by the parent before it forks and shared with the shards): however the run ends, even
+killed, the system takes their space back with the last process. Where they cannot be
+made or written, the input is analyzed in one process.
 
 Two things that one process does across shards are checked afterwards; if either
 happened, the input is analyzed again in one process (exact, but twice the time):
@@ -57,6 +59,7 @@ until the merge, and one process listing them sketches the summary past either b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -64,7 +67,6 @@ import heapq
 import multiprocessing
 import os
 import pickle
-import shutil
 import signal
 import tempfile
 import traceback
@@ -234,14 +236,14 @@ class _Spill:
     """A shard's events written to a file in position order, a batch at a time as the
     scan goes (at each sweep), instead of held until the merge: for a sink that streams
     (JSON Lines), no process then holds the records of the whole input. A batch is an
-    8-byte length and the pickle of its packed events (:func:`_pack_events`)."""
+    8-byte length and the pickle of its packed events (:func:`_pack_events`). The file
+    (open for writing, at its start) is the parent's, shared through the fork: the
+    parent reads it by its descriptor (:func:`read_spill`)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self.file: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed by close())
-        except OSError as e:
-            raise Sequential(f"cannot spill the shard's records: {e}") from None
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.fd = file.fileno()
+        """The file's descriptor, the same number in the parent."""
         self.created: list[int] = []
         """The creating packets of the connections written."""
         self.first_secrets: Position | None = None
@@ -264,32 +266,50 @@ class _Spill:
         except OSError as e:  # a full disk: one process needs no file
             raise Sequential(f"cannot spill the shard's records: {e}") from None
 
-    def close(self) -> None:
+    def done(self) -> None:
+        """Everything written reaches the file (which stays open: the parent's)."""
         try:
-            self.file.close()
+            self.file.flush()
         except OSError as e:
             raise Sequential(f"cannot spill the shard's records: {e}") from None
 
 
-def read_spill(path: str) -> Iterator[Event]:
-    """The events a :class:`_Spill` wrote, in order, one batch in memory at a time."""
-    with open(path, "rb") as f:
-        while head := f.read(8):
-            batch: list[Event] = []
-            _unpack_events(pickle.loads(f.read(int.from_bytes(head, "little"))), batch)
-            yield from batch
+def read_spill(fd: int) -> Iterator[Event]:
+    """The events a :class:`_Spill` wrote to descriptor ``fd``, in order, one batch in
+    memory at a time (read by offset: the descriptor's own position is the writer's)."""
+    offset = 0
+    while len(head := os.pread(fd, 8, offset)) == 8:
+        size = int.from_bytes(head, "little")
+        data = _read_at(fd, size, offset + 8)
+        offset += 8 + size
+        batch: list[Event] = []
+        _unpack_events(pickle.loads(data), batch)
+        del data
+        yield from batch
+
+
+def _read_at(fd: int, size: int, offset: int) -> bytes:
+    parts = []
+    while size > 0:
+        part = os.pread(fd, min(size, 1 << 24), offset)
+        if not part:
+            raise EOFError("a shard's spilled events end early")
+        parts.append(part)
+        size -= len(part)
+        offset += len(part)
+    return b"".join(parts)
 
 
 class ShardRun(_Run):
     """The pipeline of one shard: records events with their positions instead of emitting."""
 
     def __init__(self, sink: Sink, options: Options, facts: CaptureFacts,
-                 readers: list[CaptureReader], spill: str | None = None) -> None:
+                 readers: list[CaptureReader], spill: IO[bytes] | None = None) -> None:
         super().__init__(sink, options, facts, readers)
         self.events: list[Event] = []
         """The events not yet written to ``spill``: all of them without one."""
         self.spill = None if spill is None else _Spill(spill)
-        """Where the events go at each sweep (``spill``: a path), else None."""
+        """Where the events go at each sweep (``spill``: a file), else None."""
         self._seq = 0
         self._stage: str | None = None
         self._expiring_at = -1
@@ -398,12 +418,12 @@ class ShardRun(_Run):
         spill = self.spill
         if spill is not None:
             self._spill_before(END + 1)
-            spill.close()
+            spill.done()
         return ShardOutput(self.events, self.udp_warnings, self.udp_suppressed,
                            dns.stats["warnings_suppressed"], self.client_randoms,
                            self.first_sync, self.expire_heads, self.expired_last,
                            {k: v for k, v in own.items() if v}, dict(fragments),
-                           None if spill is None else spill.path,
+                           None if spill is None else spill.fd,
                            None if spill is None else spill.created,
                            None if spill is None else spill.first_secrets)
 
@@ -429,9 +449,9 @@ class ShardOutput:
     """Caps reached on this shard's connections."""
     fragment_hits: dict[str, int] = dataclasses.field(default_factory=dict)
     """Caps reached by IP reassembly (the same in every shard: it precedes the flow key)."""
-    spill: str | None = None
-    """The file of the events (:func:`read_spill`), in position order; then ``events``
-    is empty. None: the events are ``events``."""
+    spill: int | None = None
+    """The descriptor of the file of the events (:func:`read_spill`), in position order;
+    then ``events`` is empty. None: the events are ``events``."""
     created: list[int] | None = None
     """With ``spill``: the creating packets of the shard's connections."""
     first_secrets: Position | None = None
@@ -552,7 +572,7 @@ def _shard_options(options: Options, k: int, n: int, *, parent: bool) -> Options
 
 
 def _child(conn: Any, paths: list[str], options: Options, k: int, n: int,
-           sink: Any, spill: str | None = None) -> None:
+           sink: Any, spill: IO[bytes] | None = None) -> None:
     """A forked shard: run, then send the output (or what went wrong) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the shards
     try:
@@ -599,25 +619,23 @@ def analyze_sharded(paths: list[str], sink: Sink, options: Options) -> Result:
     n = resolve_jobs(options.jobs, paths)
     if n <= 1 or not _shardable(paths):
         return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
-    spill_dir = None
-    if renders(sink):
-        try:
-            spill_dir = tempfile.mkdtemp(prefix="netdiag-shards-")
-        except OSError:  # nowhere to spill: one process streams without
-            return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
-    try:
-        return _sharded(paths, sink, options, n, spill_dir)
-    finally:
-        if spill_dir is not None:
-            shutil.rmtree(spill_dir, ignore_errors=True)
+    with contextlib.ExitStack() as files:
+        spills: list[IO[bytes]] = []
+        if renders(sink):
+            try:
+                spills = [files.enter_context(tempfile.TemporaryFile(prefix="netdiag-shard-"))
+                          for _k in range(n)]
+            except OSError:  # nowhere to spill: one process streams without
+                return _analyze(paths, sink, dataclasses.replace(options, jobs=1))[0]
+        return _sharded(paths, sink, options, n, spills)
 
 
 def _sharded(paths: list[str], sink: Sink, options: Options, n: int,
-             spill_dir: str | None) -> Result:
-    """:func:`analyze_sharded` in ``n`` processes; the events of each shard spilled to a
-    file of ``spill_dir`` if given."""
-    def spill(k: int) -> str | None:
-        return None if spill_dir is None else os.path.join(spill_dir, f"shard-{k}.events")
+             spills: list[IO[bytes]]) -> Result:
+    """:func:`analyze_sharded` in ``n`` processes; the events of shard k spilled to
+    ``spills[k]`` if given."""
+    def spill(k: int) -> IO[bytes] | None:
+        return spills[k] if spills else None
 
     ctx = multiprocessing.get_context("fork")
     flush_standard_streams()  # a child must not write the parent's buffers again

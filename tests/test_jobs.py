@@ -153,13 +153,15 @@ def test_json_lines_shards_spill_their_records_as_they_go(
         tmp_path: Path) -> None:
     """JSON Lines streams: each shard writes its events to a file at every sweep instead
     of holding them, so a ``--max-memory`` far below the records' size starts nothing
-    over; the parent merges the files, and they are gone once the report is written."""
+    over; the parent merges the files. The files have no name: nothing could be left
+    behind, even by a killed run."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     writes: list[tuple[int, int]] = []  # (events, last packet) per write, parent's shard
     real = shard._Spill.write
 
     def spy(self: Any, events: list[Any]) -> None:
         writes.append((len(events), max(e[0][0] for e in events)))
+        assert list(tmp_path.iterdir()) == []  # while the files are written
         real(self, events)
 
     monkeypatch.setattr(shard._Spill, "write", spy)
@@ -179,15 +181,20 @@ def test_json_lines_without_a_place_to_spill_runs_in_one_process(
         tmp_path: Path) -> None:
     args = [str(mixed), "--format", "jsonl", "--no-profile"]
     one = report(*args, "--jobs", "1")
-    monkeypatch.setattr(tempfile, "mkdtemp", lambda **_kw: str(tmp_path / "gone"))
-    assert report(*args, "--jobs", "2") == one  # the files cannot be opened
+
+    def read_only(**_kw: Any) -> Any:
+        return open(os.devnull, "rb")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert report(*args, "--jobs", "2") == one  # the files cannot be written
     assert fallbacks == [1]
 
-    def refuse(**_kw: Any) -> str:
+    def refuse(**_kw: Any) -> Any:
         raise OSError("read-only file system")
 
-    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     assert report(*args, "--jobs", "2") == one
+    assert fallbacks == [1]  # never sharded
 
 
 def test_real_process_streams_nothing_twice(tmp_path: Path) -> None:
@@ -469,17 +476,21 @@ def test_merge_orders_as_one_process() -> None:
 
 
 def test_spilled_events_merge_as_held_ones(tmp_path: Path) -> None:
+    with open(tmp_path / "0.events", "w+b") as f0, open(tmp_path / "1.events", "w+b") as f1:
+        _spilled_events_merge_as_held_ones([f0, f1])
+
+
+def _spilled_events_merge_as_held_ones(files: list[Any]) -> None:
     """Shards that wrote their events to files merge into the same order, ids and
     replay as shards that held them, each time the events are read."""
     held = shard.merge([_output(a) for a in _two_shards()])
     outputs = []
-    for k, events in enumerate(_two_shards()):
-        run = SimpleNamespace(events=list(events),
-                              spill=shard._Spill(str(tmp_path / f"shard-{k}.events")))
+    for f, events in zip(files, _two_shards(), strict=True):
+        run = SimpleNamespace(events=list(events), spill=shard._Spill(f))
         shard.ShardRun._spill_before(run, shard.END + 1)  # type: ignore[arg-type]
-        run.spill.close()
+        run.spill.done()
         assert run.events == []
-        outputs.append(_output([], spill=run.spill.path, created=run.spill.created,
+        outputs.append(_output([], spill=run.spill.fd, created=run.spill.created,
                                first_secrets=run.spill.first_secrets))
     spilled = shard.merge(outputs)
     assert held is not None and spilled is not None
@@ -500,12 +511,12 @@ def test_a_spill_writes_only_what_no_later_event_can_precede(tmp_path: Path) -> 
     """At a sweep before packet 32768, the events of earlier packets go to the file, in
     order; those of the packet itself stay (its own events may still sort before them)."""
     a, _b = _two_shards()
-    run = SimpleNamespace(events=list(reversed(a)),
-                          spill=shard._Spill(str(tmp_path / "s.events")))
-    shard.ShardRun._spill_before(run, 32768)  # type: ignore[arg-type]
-    run.spill.close()
-    assert [e[0][0] for e in run.events] == [32768, 32768, 32768, shard.END]
-    assert [e[0] for e in shard.read_spill(run.spill.path)] == [a[0][0]]
+    with open(tmp_path / "s.events", "w+b") as f:
+        run = SimpleNamespace(events=list(reversed(a)), spill=shard._Spill(f))
+        shard.ShardRun._spill_before(run, 32768)  # type: ignore[arg-type]
+        run.spill.done()
+        assert [e[0][0] for e in run.events] == [32768, 32768, 32768, shard.END]
+        assert [e[0] for e in shard.read_spill(run.spill.fd)] == [a[0][0]]
     assert run.spill.created == [2]
 
 
