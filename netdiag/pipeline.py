@@ -83,9 +83,9 @@ class Options:
     itself (a fleet's set): the result's summary is then empty."""
     max_memory: int | None = None
     """Estimated bytes of records (``netdiag.record_cost``) a run in several processes
-    may hold: its shards hold every record until they merge, and one whose share passes
-    this has the input analyzed again in one process (``--max-memory``). None: no
-    bound."""
+    may hold: its shards hold every record until they merge (unless a streaming sink's
+    spill them, ``netdiag.shard``), and one whose share passes this has the input
+    analyzed again in one process (``--max-memory``). None: no bound."""
     max_records: int | None = None
     """Records (connections and DNS transactions) a run in several processes may hold,
     the same way (``--max-records``: past it, a listing report keeps none). None: no

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from netdiag.analysis.findings import Thresholds
 from netdiag.analysis.summary import SummaryBuilder
@@ -28,6 +28,15 @@ class Sink(Protocol):
 
     def connection(self, c: Connection) -> None:
         """A finished connection, with its requests."""
+
+
+def renders(sink: Any) -> bool:
+    """Does ``sink`` render records apart from writing them (``render_dns`` and
+    ``render_connection``, then ``dns_rendered`` and ``connection_rendered``: JSON
+    Lines)? Such a sink streams: ``netdiag.shard`` renders in the process that finished
+    a record and spills its shards' records, the fleet's Dask tasks render too."""
+    return all(hasattr(sink, a) for a in ("render_dns", "render_connection", "dns_rendered",
+                                          "connection_rendered"))
 
 
 @dataclass

@@ -85,7 +85,7 @@ from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.quick_exit import flush_standard_streams
 from netdiag.record_cost import connection_bytes, dns_bytes
 from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
-from netdiag.result import CaptureFacts, Result, Sink
+from netdiag.result import CaptureFacts, Result, Sink, renders
 from netdiag.tls.keylog import KeyLog
 
 AUTO_MIN_BYTES = 64 << 20
@@ -224,12 +224,6 @@ class _Recorder:
         run.events.append((run.position(), CONNECTION, c,
                            None if render is None else render(c)))
         self._hold(connection_bytes(c))
-
-
-def renders(sink: Any) -> bool:
-    """Does ``sink`` take records rendered apart from writing them (``JsonlSink``)? Such
-    a sink streams: a sharded run then spills its events (:class:`_Spill`)."""
-    return hasattr(sink, "dns_rendered") and hasattr(sink, "connection_rendered")
 
 
 class _Spill:

@@ -36,7 +36,7 @@ from netdiag.pipeline import Options, analyze
 from netdiag.record_cost import connection_bytes, dns_bytes
 from netdiag.records import Connection, DnsTransaction, Warning_, ns_to_ts
 from netdiag.report.units import bytes_text
-from netdiag.result import CaptureFacts, Result
+from netdiag.result import CaptureFacts, Result, renders
 from netdiag.tls.keylog import KeyLog
 
 EXECUTORS = ("serial", "local", "dask")
@@ -144,12 +144,6 @@ class _RenderingSetSink(_SetSink):
         self._rename(c)
         if self.fleet.add_connection(self.index, c):
             self.fleet.sink.connection_rendered(c, text)
-
-
-def renders(sink: Any) -> bool:
-    """Does ``sink`` render records apart from writing them?"""
-    return all(hasattr(sink, a) for a in ("render_dns", "render_connection", "dns_rendered",
-                                          "connection_rendered"))
 
 
 # -- the merge ---------------------------------------------------------------------------------
