@@ -17,8 +17,13 @@ Phases of one request
     ``dns.resolver.Resolver.resolve()`` of the host connected to (A, then AAAA if
     there is no A): with ``dns_server`` a resolver asking only that server, else the
     system's configuration (``/etc/hosts`` first, as ``getaddrinfo`` does, then the
-    ``/etc/resolv.conf`` nameservers). Skipped (``None``) when the host is an IP
-    literal, and on a reused connection.
+    ``/etc/resolv.conf`` nameservers). Timed from the first query handed to the
+    kernel to the return of the ``recv()`` that brought the answer used
+    (:mod:`netdiag.probe.stamped_dns`), across every query the resolver made (AAAA
+    after an A without answer, TCP after a truncated answer): a capture's
+    ``dns[].latency_ms`` of the same lookup, without the resolver's own work around
+    it. A hosts-file answer, or a lookup that failed, is timed around the whole call.
+    Skipped (``None``) when the host is an IP literal, and on a reused connection.
 ``connect``
     ``socket.connect()``: call to return, i.e. SYN sent -> SYN-ACK received (the
     kernel sends the final ACK before waking us). A capture's
@@ -100,6 +105,7 @@ from netdiag.analysis.stats import percentiles
 from netdiag.errors import InputError
 from netdiag.gcpolicy import paused as gc_paused
 from netdiag.probe.dns import endpoint, parse_server, warm_up
+from netdiag.probe.marks import Mark
 
 NS_PER_MS = 1_000_000
 USER_AGENT = f"netdiag-probe/{__version__}"
@@ -111,21 +117,15 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transf
                          "upgrade", "host", "te"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _RECV = 65536
+_H2_DEFER_BYTES = 16384
+"""Received HTTP/2 bytes held back from ``h2`` while no frame needs it at once (see
+:attr:`_H2FrameClock.attention`): parsing a HEADERS frame takes ``h2`` 0.2-1 ms, and
+bytes that arrive meanwhile would be stamped when the parsing ends. A quarter of the
+65,535-byte flow-control window that ``h2`` acknowledges at half: the server never
+waits for a WINDOW_UPDATE that held-back bytes delay."""
 
 
 # --------------------------------------------------------------------------- records
-
-
-@dataclass(slots=True, frozen=True)
-class Mark:
-    """One instant on both clocks."""
-
-    perf_ns: int
-    epoch_ns: int
-
-    @classmethod
-    def now(cls) -> Mark:
-        return cls(time.perf_counter_ns(), time.time_ns())
 
 
 @dataclass(slots=True)
@@ -455,6 +455,8 @@ def _resolve(host: str, dns_server: str | None, deadline: _Deadline,
     import dns.exception
     import dns.resolver
 
+    from netdiag.probe.stamped_dns import Stamps, stamped
+
     rec.mark("dns_start")
     if dns_server is None:
         addr = _hosts_lookup(host)
@@ -462,6 +464,7 @@ def _resolve(host: str, dns_server: str | None, deadline: _Deadline,
             rec.dns_source = "hosts"
             rec.mark("dns_end")
             return addr
+    stamps = Stamps()
     try:
         if dns_server is None:
             resolver = dns.resolver.Resolver()
@@ -472,6 +475,8 @@ def _resolve(host: str, dns_server: str | None, deadline: _Deadline,
             resolver.nameservers = [ip]
             resolver.port = port
             rec.dns_source = endpoint(ip, port)
+        resolver.nameservers = stamped(resolver.nameservers, resolver.nameserver_ports,
+                                       resolver.port, stamps)
         resolver.cache = None
         budget = deadline.left("dns")
         resolver.timeout = budget
@@ -480,6 +485,9 @@ def _resolve(host: str, dns_server: str | None, deadline: _Deadline,
             answer = resolver.resolve(host, rdtype, raise_on_no_answer=False)
             if answer.rrset:
                 rec.mark("dns_end")
+                if stamps.first_sent is not None and stamps.answered is not None:
+                    rec.marks["dns_start"] = stamps.first_sent
+                    rec.marks["dns_end"] = stamps.answered
                 if answer.nameserver:  # the server that answered, not just the config
                     rec.dns_source = endpoint(str(answer.nameserver), answer.port)
                 return str(answer.rrset[0].address)
@@ -511,8 +519,13 @@ class _H2FrameClock:
         self._skip = 0
         self._header = b""
         self._header_mark: Mark | None = None
+        self._notable = False
         self.first_headers: dict[int, Mark] = {}
         """stream id -> mark of the first byte of its first HEADERS frame."""
+        self.attention = False
+        """A frame that ``h2`` must see now has been received whole since the flag was
+        last cleared: one that ends a stream (END_STREAM), or any frame but DATA and
+        HEADERS (a reset, GOAWAY, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION...)."""
 
     def feed(self, data: bytes, mark: Mark) -> None:
         i, n = 0, len(data)
@@ -521,6 +534,8 @@ class _H2FrameClock:
                 take = min(self._skip, n - i)
                 i += take
                 self._skip -= take
+                if not self._skip and self._notable:
+                    self.attention = True
                 continue
             if not self._header:
                 self._header_mark = mark
@@ -535,6 +550,9 @@ class _H2FrameClock:
                 if ftype == 0x1 and stream not in self.first_headers:
                     assert self._header_mark is not None
                     self.first_headers[stream] = self._header_mark
+                self._notable = ftype > 0x1 or bool(h[4] & 0x1)
+                if not length and self._notable:
+                    self.attention = True
                 self._skip = length
                 self._header = b""
 
@@ -693,6 +711,7 @@ def _h2_exchange(conn: _Connection, rec: RequestResult, method: str,
         conn.usable = False
         raise _Failed("send", _reason(exc, deadline.timeout)) from None
     size = 0
+    unread = bytearray()
     while True:
         phase = "transfer" if "first_byte" in rec.marks else "ttfb"
         try:
@@ -708,11 +727,16 @@ def _h2_exchange(conn: _Connection, rec: RequestResult, method: str,
         conn.clock.feed(data, mark)
         if "first_byte" not in rec.marks and sid in conn.clock.first_headers:
             rec.marks["first_byte"] = conn.clock.first_headers[sid]
+        unread += data
+        if not conn.clock.attention and len(unread) < _H2_DEFER_BYTES:
+            continue  # back to recv() at once: the next bytes are not stamped late
+        conn.clock.attention = False
         try:
-            events = h2c.receive_data(data)
+            events = h2c.receive_data(bytes(unread))
         except h2.exceptions.H2Error as exc:
             conn.usable = False
             raise _Failed(phase, f"HTTP/2 protocol error: {exc}") from None
+        unread.clear()
         ended = False
         for ev in events:
             if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:

@@ -63,7 +63,6 @@ from netdiag.probe.dns import endpoint, parse_server, warm_up
 from netdiag.probe.http import (
     NS_PER_MS,
     USER_AGENT,
-    Mark,
     ProbeResult,
     RequestResult,
     _Deadline,
@@ -76,6 +75,7 @@ from netdiag.probe.http import (
     check_request_options,
     request_loop,
 )
+from netdiag.probe.marks import Mark
 
 PHASES3 = ("dns", "handshake", "send", "wait", "ttfb", "transfer", "total")
 """Every duration an HTTP/3 request measures, in ``<phase>_ms`` fields (``connect_ms``

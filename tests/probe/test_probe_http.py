@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,32 @@ def test_streamed_answer_time_is_in_transfer(lab: Any) -> None:
         assert ph["ttfb"] + ph["transfer"] >= lab.H2_THINK_MS + 2 * 5.0
         assert ph["transfer"] > 0
         _sane(r)
+
+
+
+def test_h2_parsing_time_is_not_in_the_transfer(lab: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab's server writes a response's HEADERS and DATA as separate segments, well
+    under a millisecond apart. Bytes that arrive while ``h2`` parses the HEADERS must be
+    stamped when ``recv()`` could have returned them, not when the parsing ends: with
+    every parse made 200 ms slow, the transfer stays far below 200 ms."""
+    import h2.connection
+
+    slow_s = 0.2
+    parse = h2.connection.H2Connection.receive_data
+
+    def slow_parse(self: Any, data: bytes) -> Any:
+        time.sleep(slow_s)
+        return parse(self, data)
+
+    monkeypatch.setattr(h2.connection.H2Connection, "receive_data", slow_parse)
+    result = run_http_probe(lab.url(), count=3, dns_server=lab.dns_fast,
+                            cafile=str(lab.cafile), timeout=10)
+    assert result.connections == 1
+    for r in result.requests:
+        assert r.ok and r.status == 200 and r.response_bytes, r.error
+        transfer = _phases(r)["transfer"]
+        assert transfer is not None and transfer < slow_s * 1000 / 2, transfer
 
 
 def test_dns_delay_shows_in_dns_phase(lab: Any) -> None:

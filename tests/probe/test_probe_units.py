@@ -126,6 +126,43 @@ def test_h2_frame_clock_marks_the_chunk_with_the_first_byte() -> None:
     assert clock2.first_headers[1] == marks[0] and clock2.first_headers[3] == marks[1]
 
 
+
+def _attention_after_each_byte(data: bytes) -> list[int]:
+    """Offsets (0-based, of the byte just fed) after which the clock raised its
+    attention flag; the flag is cleared each time, as the probe does."""
+    clock, raised = _H2FrameClock(), []
+    for i, byte in enumerate(data):
+        clock.feed(bytes([byte]), Mark(i, i))
+        if clock.attention:
+            raised.append(i)
+            clock.attention = False
+    return raised
+
+
+def test_h2_frame_clock_asks_for_attention_once_a_notable_frame_is_whole() -> None:
+    headers = _frame(0x1, 1, b"h" * 20, 0x4)
+    data = _frame(0x0, 1, b"d" * 7)
+    end = _frame(0x0, 1, b"e" * 5, 0x1)
+    # HEADERS and DATA without END_STREAM can wait; the END_STREAM frame, once whole
+    assert _attention_after_each_byte(headers + data) == []
+    stream = headers + data + end
+    assert _attention_after_each_byte(stream) == [len(stream) - 1]
+    # an empty END_STREAM DATA frame, HEADERS ending the stream (trailers), and every
+    # frame type but DATA and HEADERS: when their last byte (or header) is in
+    for frame in (_frame(0x0, 1, b"", 0x1), _frame(0x1, 1, b"t" * 3, 0x5),
+                  _frame(0x3, 1, b"\0\0\0\x08"), _frame(0x4, 0, b""),
+                  _frame(0x6, 0, b"p" * 8), _frame(0x7, 0, b"g" * 8),
+                  _frame(0x8, 1, b"\0\0\x10\0"), _frame(0x9, 1, b"c", 0x4)):
+        assert _attention_after_each_byte(headers + frame) == [len(headers) + len(frame) - 1], \
+            frame[:9].hex()
+    # fed whole, in one recv()
+    clock = _H2FrameClock()
+    clock.feed(headers + data, Mark(0, 0))
+    assert not clock.attention
+    clock.feed(end, Mark(1, 1))
+    assert clock.attention
+
+
 def _rec(index: int, marks: dict[str, int], **kw: object) -> RequestResult:
     r = RequestResult(index=index, method="GET", url="https://x/", **kw)  # type: ignore[arg-type]
     r.marks = {k: Mark(v * 1_000_000, 1_700_000_000_000_000_000 + v * 1_000_000)
