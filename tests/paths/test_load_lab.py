@@ -40,6 +40,13 @@ rate over a sixth of the ramp, and the share blurred falls only with the square 
 the interval (a longer ramp adds intervals, not order). Over 0.5 s, 22 knees of eleven
 ramps (six beside two CPU burners) found none in 1 to 80 of 400 resamples (the limit is
 80, ``knee.MAX_FAILED_SHARE``); the same captures over 1 s, in 0 to 30."""
+SEEDS = (1, 2, 3)
+"""The ramp's schedules, tried in turn while the ROC median's knee is declined as *not
+stable under resampling*, and only then. On this project's VMs that decline came in 3 of
+about 20 runs of the suite (81-88 of 400 resamples against the limit of 80; 0-70 when
+found, 0-10 on a quiet machine): the host's noise in a few low-load intervals, near the
+1.5x threshold, which netdiag rightly calls uncertain. A knee in the wrong place, or a
+ramp with none, fails on the first schedule; three declines in a row fail too."""
 EDGE_S = 0.005
 """A request sent this close to an interval's edge may fall on either side of it: the
 client's clock is read just before the request is written, the capture's when the packet
@@ -48,13 +55,20 @@ crosses loopback."""
 
 @pytest.fixture(scope="module")
 def ramp(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
-    out = tmp_path_factory.mktemp("load") / "ramp.pcapng"
-    led = run_lab(out, LabParams(netns=True, ramp=RAMP, router_budget_per_s=BUDGET,
-                                 router_queue_limit=400, settle_ms=300.0, hash_bucket=7))
-    res = CliRunner().invoke(cli, ["report", str(out), "--format", "json", "--interval",
-                                   f"{INTERVAL_S * 1000:g}ms"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    return led, json.loads(res.stdout)
+    for seed in SEEDS:
+        out = tmp_path_factory.mktemp("load") / "ramp.pcapng"
+        led = run_lab(out, LabParams(netns=True, ramp=RAMP, router_budget_per_s=BUDGET,
+                                     router_queue_limit=400, settle_ms=300.0, hash_bucket=7,
+                                     seed=seed))
+        res = CliRunner().invoke(cli, ["report", str(out), "--format", "json", "--interval",
+                                       f"{INTERVAL_S * 1000:g}ms"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        why = doc["timeseries"]["knee_declined"].get("ROC", {}).get("ttfb_p50", "")
+        if "not stable under resampling" not in why:
+            break
+        print(f"ramp with seed {seed}: {why}; another schedule")
+    return led, doc
 
 
 def _sent(led: dict[str, Any], path: str) -> list[dict[str, Any]]:
