@@ -72,56 +72,77 @@ class StampedNameserver(dns.nameserver.Do53Nameserver):
             wire = request.to_wire()
             if max_size:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._sent()
-                sock.sendall(len(wire).to_bytes(2, "big") + wire)
-                return self._tcp_answer(sock, request, deadline, one_rr_per_rrset,
-                                        ignore_trailing)
-            self._sent()
-            sock.send(wire)
-            return self._udp_answer(sock, request, deadline, one_rr_per_rrset, ignore_trailing)
+                send_tcp(sock, wire, self.stamps)
+                return tcp_answer(sock, request, deadline, self.stamps,
+                                  one_rr_per_rrset=one_rr_per_rrset,
+                                  ignore_trailing=ignore_trailing)
+            send_udp(sock, wire, self.stamps)
+            return udp_answer(sock, request, deadline, self.stamps,
+                              one_rr_per_rrset=one_rr_per_rrset, ignore_trailing=ignore_trailing,
+                              raise_on_truncation=True, ignore_errors=True)
 
-    def _sent(self) -> None:
-        if self.stamps.first_sent is None:
-            self.stamps.first_sent = Mark.now()
 
-    def _udp_answer(self, sock: socket.socket, request: dns.message.QueryMessage,
-                    deadline: float, one_rr_per_rrset: bool,
-                    ignore_trailing: bool) -> dns.message.Message:
-        """The first datagram that answers ``request``; others are ignored, as
-        ``dns.query.udp(ignore_errors=True, ignore_unexpected=True)`` does."""
-        while True:
-            _settimeout(sock, deadline)
-            data = _recv(sock, _MAX_UDP)
-            got = Mark.now()
-            try:
-                answer = dns.message.from_wire(data, one_rr_per_rrset=one_rr_per_rrset,
-                                               ignore_trailing=ignore_trailing,
-                                               raise_on_truncation=True)
-            except dns.message.Truncated as exc:
-                # re-raised for the resolver's retry over TCP, if it answers this query
-                if request.is_response(exc.message()):  # type: ignore[no-untyped-call]
-                    self.stamps.answered = got
-                    raise
+def send_udp(sock: socket.socket, wire: bytes, stamps: Stamps) -> None:
+    """Send ``wire`` on a connected UDP socket; the first send of ``stamps`` is marked
+    just before the call."""
+    if stamps.first_sent is None:
+        stamps.first_sent = Mark.now()
+    sock.send(wire)
+
+
+def send_tcp(sock: socket.socket, wire: bytes, stamps: Stamps) -> None:
+    """Send ``wire`` with its length prefix on a connected TCP socket, marked as
+    :func:`send_udp` does."""
+    if stamps.first_sent is None:
+        stamps.first_sent = Mark.now()
+    sock.sendall(len(wire).to_bytes(2, "big") + wire)
+
+
+def udp_answer(sock: socket.socket, request: dns.message.Message, deadline: float,
+               stamps: Stamps, *, one_rr_per_rrset: bool = False,
+               ignore_trailing: bool = False, raise_on_truncation: bool = False,
+               ignore_errors: bool = False) -> dns.message.Message:
+    """The first datagram that answers ``request``, ``stamps.answered`` marked just
+    after the ``recv()`` that returned it. A datagram that answers another query is
+    ignored (``dns.query.udp(ignore_unexpected=True)``); a malformed one too with
+    ``ignore_errors``, else it raises. With ``raise_on_truncation``, a truncated answer
+    raises ``dns.message.Truncated`` (stamped: the resolver retries over TCP)."""
+    while True:
+        _settimeout(sock, deadline)
+        data = _recv(sock, _MAX_UDP)
+        got = Mark.now()
+        try:
+            answer = dns.message.from_wire(data, one_rr_per_rrset=one_rr_per_rrset,
+                                           ignore_trailing=ignore_trailing,
+                                           raise_on_truncation=raise_on_truncation)
+        except dns.message.Truncated as exc:
+            if request.is_response(exc.message()):  # type: ignore[no-untyped-call]
+                stamps.answered = got
+                raise
+            continue
+        except Exception:
+            if ignore_errors:  # a malformed datagram is not the answer
                 continue
-            except Exception:  # a malformed datagram is not the answer
-                continue
-            if request.is_response(answer):
-                self.stamps.answered = got
-                return answer
+            raise
+        if request.is_response(answer):
+            stamps.answered = got
+            return answer
 
-    def _tcp_answer(self, sock: socket.socket, request: dns.message.QueryMessage,
-                    deadline: float, one_rr_per_rrset: bool,
-                    ignore_trailing: bool) -> dns.message.Message:
-        """The length-prefixed answer; anything but the response to ``request`` is an
-        error, as ``dns.query.tcp`` has it."""
-        size = int.from_bytes(_read_exactly(sock, 2, deadline), "big")
-        data = _read_exactly(sock, size, deadline)
-        self.stamps.answered = Mark.now()
-        answer = dns.message.from_wire(data, one_rr_per_rrset=one_rr_per_rrset,
-                                       ignore_trailing=ignore_trailing)
-        if not request.is_response(answer):
-            raise dns.query.BadResponse
-        return answer
+
+def tcp_answer(sock: socket.socket, request: dns.message.Message, deadline: float,
+               stamps: Stamps, *, one_rr_per_rrset: bool = False,
+               ignore_trailing: bool = False) -> dns.message.Message:
+    """The length-prefixed answer, ``stamps.answered`` marked just after the ``recv()``
+    that completed it; anything but the response to ``request`` is an error, as
+    ``dns.query.tcp`` has it."""
+    size = int.from_bytes(_read_exactly(sock, 2, deadline), "big")
+    data = _read_exactly(sock, size, deadline)
+    stamps.answered = Mark.now()
+    answer = dns.message.from_wire(data, one_rr_per_rrset=one_rr_per_rrset,
+                                   ignore_trailing=ignore_trailing)
+    if not request.is_response(answer):
+        raise dns.query.BadResponse
+    return answer
 
 
 def stamped(nameservers: Any, ports: dict[str, int], default_port: int,

@@ -20,6 +20,7 @@ import dns.resolver
 import dns.rrset
 import pytest
 
+from netdiag.probe.dns import run_dns_probe
 from netdiag.probe.stamped_dns import StampedNameserver, Stamps, stamped
 
 NAME = "api.stamped.test."
@@ -29,10 +30,12 @@ DELAY_S = 0.03
 @dataclass
 class Server:
     """Answers A (and AAAA if ``aaaa``) for NAME after DELAY_S; ``junk_first`` sends a
-    malformed datagram and an answer with another id at once, before the real one;
+    malformed datagram and an answer with another id at once, before the real one
+    (``other_first``: that answer only);
     ``truncate`` answers UDP with TC set (and no answer), TCP with ``tcp_address``."""
 
     junk_first: bool = False
+    other_first: bool = False
     truncate: bool = False
     aaaa: bool = False
     udp_address: str = "192.0.2.1"
@@ -63,11 +66,15 @@ class Server:
                 return
             if self.junk_first:
                 self.udp.sendto(b"\x00\x01garbage", peer)
+            if self.junk_first or self.other_first:
                 other = dns.message.from_wire(wire)
                 other.id ^= 0x5A5A
                 self.udp.sendto(self.answer(other.to_wire(), "198.51.100.9"), peer)
             time.sleep(DELAY_S)
-            self.udp.sendto(self.answer(wire, self.udp_address, self.truncate), peer)
+            try:
+                self.udp.sendto(self.answer(wire, self.udp_address, self.truncate), peer)
+            except OSError:  # shut down while it waited (the client gave up on junk)
+                return
 
     def serve_tcp(self) -> None:
         while True:
@@ -185,3 +192,44 @@ def test_stamped_replaces_plain_dns_entries_only() -> None:
     assert out[0].address == "192.0.2.53" and out[1].address == "2001:db8::53"
     assert all(ns.stamps is stamps for ns in out[:2])
     assert out[2] is doh
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["udp", "tcp"])
+def test_the_dns_probe_times_the_exchange_only(monkeypatch: pytest.MonkeyPatch,
+                                               tcp: bool) -> None:
+    """``netdiag dns``'s latency runs from the query's send to the answer's recv():
+    parsing the answer, made 200 ms slow here, is outside it."""
+    parse = dns.message.from_wire
+    prober = threading.current_thread()
+
+    def slow_parse(*args: object, **kwargs: object) -> dns.message.Message:
+        if threading.current_thread() is prober:
+            time.sleep(0.2)
+        return parse(*args, **kwargs)  # type: ignore[arg-type]
+
+    with _serving(Server()) as port:
+        monkeypatch.setattr(dns.message, "from_wire", slow_parse)
+        result = run_dns_probe(NAME, servers=[f"127.0.0.1:{port}"], tcp=tcp, timeout=2.0)
+    [query] = result.queries
+    assert query.error is None and query.answers == ["192.0.2.2" if tcp else "192.0.2.1"]
+    assert query.latency_ns is not None
+    assert DELAY_S * 1e9 <= query.latency_ns < (DELAY_S + 0.15) * 1e9
+
+
+def test_the_dns_probe_waits_past_an_answer_to_another_query() -> None:
+    with _serving(Server(other_first=True)) as port:
+        before = time.time_ns()
+        result = run_dns_probe(NAME, servers=[f"127.0.0.1:{port}"], timeout=2.0)
+        after = time.time_ns()
+    [query] = result.queries
+    assert query.error is None and query.answers == ["192.0.2.1"]
+    assert query.latency_ns is not None and query.latency_ns >= DELAY_S * 1e9
+    assert before <= query.ts_ns <= after - query.latency_ns
+
+
+def test_the_dns_probe_counts_a_malformed_answer_as_an_error() -> None:
+    with _serving(Server(junk_first=True)) as port:
+        result = run_dns_probe(NAME, servers=[f"127.0.0.1:{port}"], timeout=2.0)
+    [query] = result.queries
+    assert query.latency_ns is None and query.error is not None
+    assert query.error.startswith("bad response")
