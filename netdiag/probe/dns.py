@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netdiag.analysis.stats import percentiles
+from netdiag.contract import Percentiles
 from netdiag.errors import InputError
 from netdiag.gcpolicy import paused as gc_paused
 
@@ -182,7 +183,7 @@ class DnsServerResult:
         """How many responses carried each answer rdata."""
         return Counter(a for q in self.queries for a in dict.fromkeys(q.answers))
 
-    def latency_ms(self) -> dict[str, Any]:
+    def latency_ms(self) -> Percentiles:
         """Percentile block of the answered queries' latency."""
         return percentiles([_ms(q.latency_ns) for q in self.queries])
 
@@ -245,7 +246,7 @@ def warm_up(rdtypes: tuple[str, ...] = ("A", "AAAA")) -> None:
     samples = {"A": "192.0.2.1", "AAAA": "2001:db8::1"}
     for t in rdtypes:
         rdtype = dns.rdatatype.from_text(t)
-        dns.rdata.get_rdata_class(dns.rdataclass.IN, rdtype)
+        dns.rdata.get_rdata_class(dns.rdataclass.IN, rdtype)  # type: ignore[no-untyped-call]
         query = dns.message.make_query("warm.up.invalid.", rdtype)
         response = dns.message.make_response(query)
         if t in samples:
