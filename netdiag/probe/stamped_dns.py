@@ -1,4 +1,4 @@
-"""A dnspython nameserver whose queries are stamped at their system calls.
+"""DNS queries stamped at their system calls: a dnspython nameserver, and its socket I/O.
 
 The HTTP probes resolve with ``dns.resolver.Resolver`` (its search list, A then AAAA,
 its retry over TCP after a truncated answer, its fallback to the next nameserver).
@@ -12,6 +12,10 @@ idle vCPUs wake slowly, where a capture of the same lookup shows none of it.
 the mark taken just before the first query is handed to the kernel and the mark
 taken just after the ``recv()`` that returned the answer the resolver used: the
 span a capture measures from the query packet to the response packet.
+
+Its socket I/O is in module functions (:func:`send_udp`, :func:`send_tcp`,
+:func:`udp_answer`, :func:`tcp_answer`) that ``netdiag dns`` (``probe/dns.py``) uses
+too, on its own socket per query.
 """
 
 from __future__ import annotations
