@@ -38,13 +38,19 @@ _MAX_UDP = 65535
 
 @dataclass(slots=True)
 class Stamps:
-    """The wire's span of one resolution, across all its queries."""
+    """The wire's span of one resolution across all its queries (or of one query of
+    ``netdiag dns``)."""
 
     first_sent: Mark | None = None
     """Just before the resolution's first query was handed to the kernel."""
     answered: Mark | None = None
     """Just after the ``recv()`` that returned the last answer (the one the resolver
     used, when it used one)."""
+
+    def sending(self) -> None:
+        """Called just before a query is handed to the kernel: the first is marked."""
+        if self.first_sent is None:
+            self.first_sent = Mark.now()
 
 
 class StampedNameserver(dns.nameserver.Do53Nameserver):
@@ -89,16 +95,14 @@ class StampedNameserver(dns.nameserver.Do53Nameserver):
 def send_udp(sock: socket.socket, wire: bytes, stamps: Stamps) -> None:
     """Send ``wire`` on a connected UDP socket; the first send of ``stamps`` is marked
     just before the call."""
-    if stamps.first_sent is None:
-        stamps.first_sent = Mark.now()
+    stamps.sending()
     sock.send(wire)
 
 
 def send_tcp(sock: socket.socket, wire: bytes, stamps: Stamps) -> None:
     """Send ``wire`` with its length prefix on a connected TCP socket, marked as
     :func:`send_udp` does."""
-    if stamps.first_sent is None:
-        stamps.first_sent = Mark.now()
+    stamps.sending()
     sock.sendall(len(wire).to_bytes(2, "big") + wire)
 
 
