@@ -37,7 +37,8 @@ from netdiag.protocols.tls import TlsAnalyzer, looks_like_tls
 from netdiag.protocols.tls_decrypt import DecryptingTlsAnalyzer
 from netdiag.protocols.tunnel import Tunnel, TunnelPicker
 from netdiag.records import Connection, DnsTransaction, Warning_
-from netdiag.result import CaptureFacts, Result, Sink
+from netdiag.result import CaptureFacts, Result, Sink, renders
+from netdiag.shared_facts import FactSharer
 
 __all__ = ["CaptureFacts", "Options", "Result", "Sink", "analyze", "export_pcapng",
            "record_limits"]
@@ -118,6 +119,9 @@ class _Run:
         """ClientHello randoms of every TLS connection (for embedding their keys)."""
         self._tunnels: dict[int, Tunnel] = {}
         """The CONNECT tunnel of each connection that has one, by ``id`` of the connection."""
+        self.shared = None if renders(sink) else FactSharer()
+        """Equal facts of the connections emitted, kept once; None for a sink that
+        streams (it keeps no record)."""
         self.summary = SummaryBuilder() if options.summarize else NoSummary()
         self.limits = options.limits()
         """Caps over all connections and the hits of every cap (analyzers' included)."""
@@ -225,6 +229,8 @@ class _Run:
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in session.warnings:
                 self.facts.warn(Warning_("quic", f"{where}: {msg}"))
+        if self.shared is not None:
+            self.shared.connection(conn)
         self.summary.add_connection(conn)
         self.sink.connection(conn)
 
@@ -255,6 +261,8 @@ class _Run:
                 if flow.failure is not None:
                     self.facts.warn(Warning_(kind, f"{where}: {kind} {flow.failure}; "
                                                    "please report this netdiag bug"))
+        if self.shared is not None:
+            self.shared.connection(conn)
         self.summary.add_connection(conn)
         self.sink.connection(conn)
 
