@@ -83,3 +83,18 @@ def test_cli_regression_capture_never_exits_4(path: Path, tmp_path: Path) -> Non
                            env=env, timeout=120)
         assert p.returncode != 4, p.stderr[-3000:]
         assert "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+def test_the_cli_mutator_runs_every_command_it_counts(tmp_path: Path) -> None:
+    """``fuzz/mutate_cli.py`` in-process runs many reports in one process: a report's
+    quick exit (``netdiag.quick_exit``) must not end the mutator after the first one."""
+    proc = subprocess.run([sys.executable, str(ROOT / "fuzz" / "mutate_cli.py"), "--runs", "21",
+                           "--seed", "7", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = [line for line in proc.stdout.splitlines() if line.startswith("done: ")]
+    assert done, proc.stdout + proc.stderr
+    runs = int(done[0].split()[1])
+    assert runs >= 21
+    assert "0 failure site(s)" in done[0]
