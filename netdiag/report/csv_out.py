@@ -84,6 +84,11 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """First characters of a text cell that a spreadsheet would read as a formula."""
 
 
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""``json.dumps(v, separators=(",", ":"), ensure_ascii=False)`` without building an
+encoder per call (``json.dumps`` does, for any argument but the defaults)."""
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return ""
@@ -93,7 +98,7 @@ def _cell(v: Any) -> str:
         return repr(v)
     if isinstance(v, str):
         return v
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    return _compact(v)
 
 
 def flatten(obj: dict[str, Any], prefix: str = "", *, lists: bool = False
@@ -137,13 +142,18 @@ def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
         # a column can be named by a capture-borne key (a flattened map): defused too
         w.writerow([defuse(k) for k in header] if excel_safe else header)
         for r in rows:
-            cells = []
-            for k in header:
-                v = r.get(k)
-                c = _cell(v)
-                if excel_safe and isinstance(v, str):
-                    c = defuse(c)
-                cells.append(c)
+            get = r.get
+            cells = [get(k) for k in header]
+            # the writer itself prints None as an empty cell, an int with str() and a
+            # float with repr(), as _cell does: only the other cells are converted here
+            # (a call per cell was most of the time of a big capture's files)
+            for i, v in enumerate(cells):
+                t = v.__class__
+                if t is str:
+                    if excel_safe and v.startswith(FORMULA_START):
+                        cells[i] = "'" + v
+                elif t is not int and t is not float and v is not None:
+                    cells[i] = _cell(v)
             w.writerow(cells)
 
 
@@ -151,23 +161,28 @@ def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(d) for d in doc.get("dns") or []]
 
 
+def _connection_row(c: dict[str, Any]) -> dict[str, Any]:
+    flat = flatten({k: v for k, v in c.items() if k != "requests"})
+    flat["requests"] = len(c.get("requests") or [])
+    return flat
+
+
+def _add_request_rows(c: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    for i, r in enumerate(c.get("requests") or []):
+        row = flatten(r)
+        row["connection"] = r.get("connection", c.get("id"))
+        row["index"] = i
+        rows.append(row)
+
+
 def connection_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for c in doc.get("connections") or []:
-        flat = flatten({k: v for k, v in c.items() if k != "requests"})
-        flat["requests"] = len(c.get("requests") or [])
-        rows.append(flat)
-    return rows
+    return [_connection_row(c) for c in doc.get("connections") or []]
 
 
 def request_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in doc.get("connections") or []:
-        for i, r in enumerate(c.get("requests") or []):
-            row = flatten(r)
-            row["connection"] = r.get("connection", c.get("id"))
-            row["index"] = i
-            rows.append(row)
+        _add_request_rows(c, rows)
     return rows
 
 
@@ -245,25 +260,32 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
     formula get a leading ``'`` (the default)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    tables: list[tuple[str, list[str], list[dict[str, Any]]]] = []
-    rows = dns_rows(doc)
-    tables.append(("dns.csv", columns(rows, DNS_COLUMNS), rows))
-    rows = connection_rows(doc)
-    tables.append(("connections.csv", columns(rows, CONNECTION_COLUMNS), rows))
-    rows = request_rows(doc)
-    tables.append(("requests.csv", columns(rows, REQUEST_COLUMNS), rows))
-    rows = [dict(f) for f in doc.get("findings") or []]
-    tables.append(("findings.csv", columns(rows, FINDING_COLUMNS), rows))
-    tables.append(("summary.csv", ["key", "value"], summary_rows(doc)))
-    if isinstance(doc.get("timeseries"), dict):
-        header, rows = timeseries_rows(doc)
-        tables.append(("timeseries.csv", header, rows))
-    if "knees" in doc:
-        rows = knee_rows(doc)
-        tables.append(("knees.csv", list(KNEE_COLUMNS), rows))
-    out = []
-    for name, header, rows in tables:
+    out: list[Path] = []
+
+    def table(name: str, header: list[str], rows: list[dict[str, Any]]) -> None:
         path = outdir / name
         _write(path, header, rows, excel_safe)
         out.append(path)
+
+    rows = dns_rows(doc)
+    table("dns.csv", columns(rows, DNS_COLUMNS), rows)
+    # one pass over the connections: a document made lazily (``Records``, as
+    # ``netdiag report`` makes it) renders each connection once, for both tables
+    rows, requests = [], []
+    for c in doc.get("connections") or []:
+        rows.append(_connection_row(c))
+        _add_request_rows(c, requests)
+    table("connections.csv", columns(rows, CONNECTION_COLUMNS), rows)
+    del rows
+    table("requests.csv", columns(requests, REQUEST_COLUMNS), requests)
+    del requests
+    rows = [dict(f) for f in doc.get("findings") or []]
+    table("findings.csv", columns(rows, FINDING_COLUMNS), rows)
+    table("summary.csv", ["key", "value"], summary_rows(doc))
+    if isinstance(doc.get("timeseries"), dict):
+        header, rows = timeseries_rows(doc)
+        table("timeseries.csv", header, rows)
+    if "knees" in doc:
+        rows = knee_rows(doc)
+        table("knees.csv", list(KNEE_COLUMNS), rows)
     return out

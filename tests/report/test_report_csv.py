@@ -194,3 +194,25 @@ def test_excel_safe_defuses_formulas_but_not_numbers(doc_keys: dict[str, Any],
     row = read(p)[1][0]
     assert row["qname"] == "'=HYPERLINK(\"x\")"
     assert row["latency_ms"] == "-1.5"
+
+
+def test_a_lazy_document_renders_each_connection_once(doc_keys: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """``netdiag report --format csv`` hands a document whose connections are made as
+    they are read (``Records``): both tables come from one pass, and the files are those
+    of the plain document."""
+    from netdiag.report.json_out import Records
+
+    rendered: list[int] = []
+
+    def render(i: int) -> dict[str, Any]:
+        rendered.append(i)
+        return json.loads(json.dumps(doc_keys["connections"][i]))
+
+    conns = doc_keys["connections"]
+    lazy = dict(doc_keys, connections=Records(list(range(len(conns))), render))
+    plain = write_csv(doc_keys, tmp_path / "plain")
+    made = write_csv(lazy, tmp_path / "lazy")
+    assert sorted(rendered) == list(range(len(conns)))  # each once
+    for a, b in zip(plain, made, strict=True):
+        assert a.name == b.name and a.read_bytes() == b.read_bytes()
