@@ -75,6 +75,7 @@ from typing import Any, TypeAlias
 
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.errors import InputError
+from netdiag.report.json_out import Records
 
 # --- the schema, as plain data (no pyarrow needed to read it) -------------------------
 
@@ -510,38 +511,71 @@ def _row(obj: dict[Any, Any], trie: _Trie, out: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _records(v: Any) -> list[dict[Any, Any]]:
-    return [r for r in v if isinstance(r, dict)] if isinstance(v, list | tuple) else []
+def _records(v: Any) -> Iterator[dict[Any, Any]]:
+    """The objects of a list of records, or of a :class:`~netdiag.report.json_out.Records`
+    (each made as it is read)."""
+    if isinstance(v, list | tuple | Records):
+        for r in v:
+            if isinstance(r, dict):
+                yield r
+
+
+def _connection_row(c: dict[Any, Any], trie: _Trie) -> dict[str, Any]:
+    reqs = c.get("requests")
+    row = _row({k: v for k, v in c.items() if k != "requests"}, trie,
+               {"requests": len(reqs) if isinstance(reqs, list | tuple) else None})
+    if reqs is not None and not isinstance(reqs, list | tuple):
+        row[EXTRA] = [*(row[EXTRA] or []), ("requests", _json(reqs))]
+    return row
+
+
+def _add_request_rows(c: dict[Any, Any], crow: dict[str, Any], trie: _Trie,
+                      rows: list[dict[str, Any]]) -> None:
+    context = {"connection": crow.get("id"), "client": crow.get("client"),
+               "server": crow.get("server"), "connection.protocol": crow.get("protocol"),
+               "path.name": crow.get("path.name"), "path.hop": crow.get("path.hop")}
+    reqs = c.get("requests")
+    for i, r in enumerate(reqs if isinstance(reqs, list | tuple) else ()):
+        if isinstance(r, dict):
+            rows.append(_row(r, trie, {**context, "index": i}))
+
+
+def _connection_trie() -> _Trie:
+    return _trie(CONNECTION_COLUMNS, DERIVED["connections"])
+
+
+def _request_trie() -> _Trie:
+    return _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
 
 
 def connection_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    trie = _trie(CONNECTION_COLUMNS, DERIVED["connections"])
-    rows = []
-    for c in _records(doc.get("connections")):
-        reqs = c.get("requests")
-        row = _row({k: v for k, v in c.items() if k != "requests"}, trie,
-                   {"requests": len(reqs) if isinstance(reqs, list | tuple) else None})
-        if reqs is not None and not isinstance(reqs, list | tuple):
-            row[EXTRA] = [*(row[EXTRA] or []), ("requests", _json(reqs))]
-        rows.append(row)
-    return rows
+    trie = _connection_trie()
+    return [_connection_row(c, trie) for c in _records(doc.get("connections"))]
 
 
 def request_rows(doc: dict[str, Any], connections: Sequence[dict[str, Any]] | None = None
                  ) -> list[dict[str, Any]]:
     """One row per request; ``connections``: the connection rows, if already built."""
-    trie = _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
+    trie = _request_trie()
     conns = connection_rows(doc) if connections is None else connections
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c, crow in zip(_records(doc.get("connections")), conns, strict=True):
-        context = {"connection": crow.get("id"), "client": crow.get("client"),
-                   "server": crow.get("server"), "connection.protocol": crow.get("protocol"),
-                   "path.name": crow.get("path.name"), "path.hop": crow.get("path.hop")}
-        reqs = c.get("requests")
-        for i, r in enumerate(reqs if isinstance(reqs, list | tuple) else ()):
-            if isinstance(r, dict):
-                rows.append(_row(r, trie, {**context, "index": i}))
+        _add_request_rows(c, crow, trie, rows)
     return rows
+
+
+def connection_and_request_rows(doc: dict[str, Any]
+                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`connection_rows` and :func:`request_rows` in one pass over the connections
+    (a document made as it is read renders each connection once)."""
+    ctrie, rtrie = _connection_trie(), _request_trie()
+    conns: list[dict[str, Any]] = []
+    reqs: list[dict[str, Any]] = []
+    for c in _records(doc.get("connections")):
+        crow = _connection_row(c, ctrie)
+        conns.append(crow)
+        _add_request_rows(c, crow, rtrie, reqs)
+    return conns, reqs
 
 
 def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -673,9 +707,11 @@ def tables(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     order."""
     meta = {"contract": _valid(_key(doc.get("contract", CONTRACT_VERSION))),
             "netdiag_version": _valid(_key(doc.get("netdiag_version", __version__)))}
-    conns = connection_rows(doc)
+    conns, reqs = connection_and_request_rows(doc)
     yield "connections", to_table("connections", conns, meta)
-    yield "requests", to_table("requests", request_rows(doc, conns), meta)
+    del conns
+    yield "requests", to_table("requests", reqs, meta)
+    del reqs
     yield "dns", to_table("dns", dns_rows(doc), meta)
     yield "findings", to_table("findings", finding_rows(doc), meta)
     if isinstance(doc.get("timeseries"), dict):

@@ -693,3 +693,26 @@ def test_the_report_command_writes_parquet(tmp_path: Path) -> None:
     assert pq.read_table(out / "requests.parquet").num_rows > 0
     res = CliRunner().invoke(cli, ["report", str(capture), "--format", "parquet"])
     assert res.exit_code == 2 and "-o DIRECTORY" in res.output
+
+
+def test_a_lazy_document_renders_each_connection_once(doc_keys: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """``netdiag report --format parquet`` hands a document whose connections and DNS
+    transactions are made as they are read (``Records``): each connection is rendered
+    once for both tables, and the files are those of the plain document."""
+    from netdiag.report.json_out import Records
+
+    rendered: list[int] = []
+    conns, dns = doc_keys["connections"], doc_keys["dns"]
+
+    def render(i: int) -> dict[str, Any]:
+        rendered.append(i)
+        return copy.deepcopy(conns[i])
+
+    lazy = dict(doc_keys, connections=Records(list(range(len(conns))), render),
+                dns=Records(list(range(len(dns))), lambda i: copy.deepcopy(dns[i])))
+    plain = write_parquet(doc_keys, tmp_path / "plain")
+    made = write_parquet(lazy, tmp_path / "lazy")
+    assert sorted(rendered) == list(range(len(conns)))  # each once
+    for a, b in zip(plain, made, strict=True):
+        assert a.name == b.name and a.read_bytes() == b.read_bytes()
