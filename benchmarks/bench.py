@@ -9,8 +9,9 @@
 Three cases by default: a synthetic capture without keys (make_big_capture.py), the
 shipped lab capture repeated (make_keyed_capture.py) without keys, and the same with its
 key log. In each, tshark runs once (with ``tls.keylog_file`` when there are keys), then
-netdiag for every format (text, json, jsonl) and every ``--jobs`` value (1, 2); the
-table gives each run's wall and CPU seconds and peak memory, and its ratios to tshark,
+netdiag for every format (text, json, jsonl; ``--formats`` adds har, html, csv and
+parquet, the last two written into a temporary directory) and every ``--jobs`` value
+(1, 2); the table gives each run's wall and CPU seconds and peak memory, and its ratios to tshark,
 to jsonl and to ``--jobs 1``, then whether each target of issue 10 is met.
 
 Each tool runs in its own child process; the child is reaped with ``os.wait4``, whose
@@ -401,6 +402,10 @@ def netdiag_supports_jobs(base: list[str], env: dict) -> bool:
     return "--jobs" in out.stdout
 
 
+FILE_FORMATS = ("csv", "parquet")
+"""Formats that write a directory of files (``-o DIR``) rather than standard output."""
+
+
 def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: argparse.Namespace,
                env: dict) -> list[dict]:
     base = netdiag_base(args.netdiag_cmd)
@@ -423,9 +428,13 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
                     cmd += ["--keylog", str(case.keylog)]
                 if has_jobs:
                     cmd += ["--jobs", str(j)]
-                r = best_of([measure_warm(f"netdiag {fmt} jobs {j} [{case.name}]", cmd,
-                                          case.path, packets, env, args.timeout)
-                             for _ in range(args.repeat)])
+                with contextlib.ExitStack() as stack:
+                    if fmt in FILE_FORMATS:  # they write files into a directory
+                        cmd += ["-o", stack.enter_context(
+                            tempfile.TemporaryDirectory(prefix="netdiag-bench-"))]
+                    r = best_of([measure_warm(f"netdiag {fmt} jobs {j} [{case.name}]", cmd,
+                                              case.path, packets, env, args.timeout)
+                                 for _ in range(args.repeat)])
                 rows.append({"case": case.name, "format": fmt, "jobs": j, "netdiag": r,
                              "tshark": ts, "packets": packets,
                              "size_mb": round(case.path.stat().st_size / 1e6, 1)})
