@@ -281,7 +281,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                     _write_groups_text(fleet_res, out)
             else:
                 doc = csink.document(result, headers=fmt in ("har", "html"),
-                                     lazy=fmt in ("json", "csv", "parquet"))
+                                     lazy=fmt in ("json", "csv", "parquet", "har"))
                 if fleet_res is not None:
                     doc = _with_fleet(doc, fleet_res)
                 _write_collected(fmt, result, doc, csink.connections, csink.dns_records,

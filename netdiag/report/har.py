@@ -41,6 +41,7 @@ import bisect
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -143,21 +144,25 @@ def attribute_dns(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for lst in by_ip.values():
         lst.sort(key=lambda t: (t[0], t[1]))
     used: set[int] = set()
-    conns = [c for c in doc.get("connections") or []
+    # what is needed of each connection, not the connection: a document made as it is
+    # read (``Records``) then holds none of them
+    conns = [(c["ts"], str(c.get("server") or ""), str(c.get("client") or ""),
+              str(c.get("id")))
+             for c in doc.get("connections") or []
              if isinstance(c, dict) and handshake_seen(c) and _num(c.get("ts")) is not None]
-    conns.sort(key=lambda c: c["ts"])
-    for c in conns:
-        server_ip, _ = split_endpoint(str(c.get("server") or ""))
-        client_ip, _ = split_endpoint(str(c.get("client") or ""))
+    conns.sort(key=itemgetter(0))
+    for conn_ts, server, client, conn_id in conns:
+        server_ip, _ = split_endpoint(server)
+        client_ip, _ = split_endpoint(client)
         cands = by_ip.get(server_ip)
         if not cands:
             continue
         best: tuple[tuple[bool, float], int, dict[str, Any]] | None = None
-        k = bisect.bisect_right(cands, c["ts"] + TS_SLACK_S, key=lambda t: t[0])
+        k = bisect.bisect_right(cands, conn_ts + TS_SLACK_S, key=lambda t: t[0])
         while k > 0:
             k -= 1
             end, i, d = cands[k]
-            if c["ts"] - end > DNS_WINDOW_S:
+            if conn_ts - end > DNS_WINDOW_S:
                 break
             if i in used:
                 continue
@@ -166,7 +171,7 @@ def attribute_dns(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 best = (key, i, d)
         if best is not None:
             used.add(best[1])
-            out[str(c.get("id"))] = best[2]
+            out[conn_id] = best[2]
     return out
 
 

@@ -324,3 +324,21 @@ def test_schema_rejects_what_the_spec_forbids(doc_keys: dict[str, Any], breakage
     broken = copy.deepcopy(har)
     breakage(broken["log"]["entries"][0])
     assert list(VALIDATOR.iter_errors(broken))
+
+
+@pytest.mark.parametrize("fixture", ["doc_keys", "doc_nokeys"])
+def test_a_lazy_document_gives_the_same_har(fixture: str,
+                                           request: pytest.FixtureRequest) -> None:
+    """``netdiag report --format har`` hands a document whose connections and DNS
+    transactions are made as they are read (``Records``): the HAR, its DNS lookups
+    included, is the plain document's."""
+    from netdiag.report.json_out import Records
+
+    doc = request.getfixturevalue(fixture)
+    conns, dns = doc["connections"], doc["dns"]
+    lazy = dict(doc, connections=Records(list(range(len(conns))),
+                                         lambda i: copy.deepcopy(conns[i])),
+                dns=Records(list(range(len(dns))), lambda i: copy.deepcopy(dns[i])))
+    assert attribute_dns(lazy) == attribute_dns(doc)
+    assert attribute_dns(doc)  # the check above compares lookups, not two empty maps
+    assert build_har(lazy, warn=None) == build_har(doc, warn=None)
