@@ -153,7 +153,10 @@ def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
                     if excel_safe and v.startswith(FORMULA_START):
                         cells[i] = "'" + v
                 elif t is not int and t is not float and v is not None:
-                    cells[i] = _cell(v)
+                    c = _cell(v)
+                    if excel_safe and isinstance(v, str):  # a subclass of str
+                        c = defuse(c)
+                    cells[i] = c
             w.writerow(cells)
 
 

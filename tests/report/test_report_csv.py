@@ -216,3 +216,15 @@ def test_a_lazy_document_renders_each_connection_once(doc_keys: dict[str, Any],
     assert sorted(rendered) == list(range(len(conns)))  # each once
     for a, b in zip(plain, made, strict=True):
         assert a.name == b.name and a.read_bytes() == b.read_bytes()
+
+
+def test_text_of_a_str_subclass_is_defused_too(tmp_path: Path) -> None:
+    class Text(str):
+        pass
+
+    doc = {"dns": [{"qname": Text("=HYPERLINK(1)"), "id": 1, "ok": True, "x": 1.5}],
+           "connections": [], "findings": []}
+    write_csv(doc, tmp_path)
+    _header, rows = read(tmp_path / "dns.csv")
+    assert rows[0]["qname"] == "'=HYPERLINK(1)"
+    assert rows[0]["ok"] == "true" and rows[0]["x"] == "1.5" and rows[0]["id"] == "1"
