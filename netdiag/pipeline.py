@@ -229,6 +229,10 @@ class _Run:
             where = f"{conn.id} {conn.client} -> {conn.server}"
             for msg in session.warnings:
                 self.facts.warn(Warning_("quic", f"{where}: {msg}"))
+        self._emit(conn)
+
+    def _emit(self, conn: Connection) -> None:
+        """A finished connection (TCP or QUIC) to the summary and the sink."""
         if self.shared is not None:
             self.shared.connection(conn)
         self.summary.add_connection(conn)
@@ -261,10 +265,7 @@ class _Run:
                 if flow.failure is not None:
                     self.facts.warn(Warning_(kind, f"{where}: {kind} {flow.failure}; "
                                                    "please report this netdiag bug"))
-        if self.shared is not None:
-            self.shared.connection(conn)
-        self.summary.add_connection(conn)
-        self.sink.connection(conn)
+        self._emit(conn)
 
 
 def _app_for_tls(alpn: str | None, first: bytes) -> StreamAnalyzer | None:

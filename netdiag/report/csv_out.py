@@ -189,6 +189,19 @@ def request_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def connection_and_request_rows(doc: dict[str, Any]
+                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`connection_rows` and :func:`request_rows` in one pass over the connections
+    (a document made as it is read, ``Records`` as ``netdiag report`` makes it, renders
+    each connection once)."""
+    conns: list[dict[str, Any]] = []
+    reqs: list[dict[str, Any]] = []
+    for c in doc.get("connections") or []:
+        conns.append(_connection_row(c))
+        _add_request_rows(c, reqs)
+    return conns, reqs
+
+
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     head: dict[str, Any] = {"contract": doc.get("contract"),
                             "netdiag_version": doc.get("netdiag_version")}
@@ -272,12 +285,7 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
 
     rows = dns_rows(doc)
     table("dns.csv", columns(rows, DNS_COLUMNS), rows)
-    # one pass over the connections: a document made lazily (``Records``, as
-    # ``netdiag report`` makes it) renders each connection once, for both tables
-    rows, requests = [], []
-    for c in doc.get("connections") or []:
-        rows.append(_connection_row(c))
-        _add_request_rows(c, requests)
+    rows, requests = connection_and_request_rows(doc)
     table("connections.csv", columns(rows, CONNECTION_COLUMNS), rows)
     del rows
     table("requests.csv", columns(requests, REQUEST_COLUMNS), requests)

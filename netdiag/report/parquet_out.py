@@ -68,7 +68,7 @@ runs, and :class:`ParquetUnavailable` says how to install it when it is missing.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -540,35 +540,12 @@ def _add_request_rows(c: dict[Any, Any], crow: dict[str, Any], trie: _Trie,
             rows.append(_row(r, trie, {**context, "index": i}))
 
 
-def _connection_trie() -> _Trie:
-    return _trie(CONNECTION_COLUMNS, DERIVED["connections"])
-
-
-def _request_trie() -> _Trie:
-    return _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
-
-
-def connection_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    trie = _connection_trie()
-    return [_connection_row(c, trie) for c in _records(doc.get("connections"))]
-
-
-def request_rows(doc: dict[str, Any], connections: Sequence[dict[str, Any]] | None = None
-                 ) -> list[dict[str, Any]]:
-    """One row per request; ``connections``: the connection rows, if already built."""
-    trie = _request_trie()
-    conns = connection_rows(doc) if connections is None else connections
-    rows: list[dict[str, Any]] = []
-    for c, crow in zip(_records(doc.get("connections")), conns, strict=True):
-        _add_request_rows(c, crow, trie, rows)
-    return rows
-
-
 def connection_and_request_rows(doc: dict[str, Any]
                                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """:func:`connection_rows` and :func:`request_rows` in one pass over the connections
-    (a document made as it is read renders each connection once)."""
-    ctrie, rtrie = _connection_trie(), _request_trie()
+    """One row per connection and one per request, in one pass over the connections (a
+    document made as it is read renders each connection once)."""
+    ctrie = _trie(CONNECTION_COLUMNS, DERIVED["connections"])
+    rtrie = _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
     conns: list[dict[str, Any]] = []
     reqs: list[dict[str, Any]] = []
     for c in _records(doc.get("connections")):
