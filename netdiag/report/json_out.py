@@ -2,10 +2,12 @@
 
 ``json.dump(doc, indent=2)`` runs Python's pure-Python encoder (CPython 3.11's C encoder
 only serves compact, one-shot output) and took longer than the analysis on big
-captures. Here the top levels of the document are indented, and every deeper value,
-above all each element of the long record lists (connections, requests, DNS
-transactions), is encoded by the C encoder in one call and written on a line of its own.
-The result is the same JSON value as ``json.dump`` gives; only the whitespace differs.
+captures. Here the top levels of the document are indented; every element of a list of
+objects, above all of the long record lists (connections, DNS transactions), is encoded
+compact in one call (:func:`~netdiag.report.json_encode.compact_encoder`: orjson) and
+written on a line of its own; every other deeper value is written on one line by the
+standard library's C encoder. The result is the same JSON value as ``json.dump`` gives;
+only the whitespace (and the spelling of numbers below 1e-4 or from 1e16 up) differs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Generic, TypeVar
+
+from netdiag.report.json_encode import Encode, compact_encoder
 
 OUTLINE_DEPTH = 2
 """Object levels laid out one key a line; values below are written compact."""
@@ -47,18 +51,19 @@ def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:
     """Write ``doc`` (plain JSON types) to ``out``, followed by a newline."""
     encode = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=True,
                               check_circular=False).encode
-    _write(doc, out, 0, encode)
+    line = compact_encoder(ensure_ascii=ensure_ascii, check_circular=False)
+    _write(doc, out, 0, encode, line)
     out.write("\n")
 
 
-def _write(value: Any, out: IO[str], depth: int, encode: Any) -> None:
+def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode) -> None:
     pad = "  " * (depth + 1)
     if isinstance(value, dict) and value and depth < OUTLINE_DEPTH:
         out.write("{")
         sep = "\n"
         for key, item in value.items():
             out.write(f"{sep}{pad}{encode(str(key))}: ")
-            _write(item, out, depth + 1, encode)
+            _write(item, out, depth + 1, encode, line)
             sep = ",\n"
         out.write(f"\n{'  ' * depth}}}")
     elif ((isinstance(value, list) and value
@@ -68,7 +73,7 @@ def _write(value: Any, out: IO[str], depth: int, encode: Any) -> None:
         sep = "\n"
         for item in value:
             out.write(sep + pad)
-            out.write(encode(item))
+            out.write(line(item))
             sep = ",\n"
         out.write(f"\n{'  ' * depth}]")
     elif isinstance(value, Records):

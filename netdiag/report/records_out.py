@@ -9,6 +9,7 @@ from netdiag import CONTRACT_VERSION, __version__
 from netdiag.contract import Document
 from netdiag.gcpolicy import Settler
 from netdiag.records import Connection, DnsTransaction
+from netdiag.report.json_encode import compact_encoder
 from netdiag.report.json_out import Records
 from netdiag.result import Result
 
@@ -25,9 +26,9 @@ _ID = "\x00netdiag-connection-id\x00"
 _QUOTED_ID = json.dumps(_ID)
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-"""``json.dumps(obj, separators=(",", ":"))`` without making an encoder per record (and
-without the cycle check: records are trees)."""
+_encode = compact_encoder(check_circular=False)
+"""``json.dumps(obj, separators=(",", ":"))``, through orjson where it gives the same JSON
+(:mod:`netdiag.report.json_encode`; without the cycle check: records are trees)."""
 
 
 def _line(obj: dict[str, Any]) -> str:

@@ -56,8 +56,8 @@ def test_writer_gives_the_same_value_with_records_one_a_line() -> None:
         again = json.loads(text)
         assert json.dumps(again, sort_keys=True) == json.dumps(doc, sort_keys=True)
         lines = text.splitlines()
-        assert any(line.strip().startswith('{"id": "C1"') for line in lines)
-        assert any(line.strip().startswith('{"id": "C2"') for line in lines)
+        assert any(line.strip().startswith('{"id":"C1"') for line in lines)
+        assert any(line.strip().startswith('{"id":"C2"') for line in lines)
         assert text.endswith("}\n")
 
 
