@@ -851,10 +851,11 @@ def _series_note(vals: list[float], estimated: bool) -> str:
 # --- waterfall ---------------------------------------------------------------------
 
 
-def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None
+def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = True
                     ) -> tuple[float, list[Row]] | None:
     """(slowness key, rows) of one connection, or None when it has nothing to draw. The key
-    is its setup (DNS + TCP + TLS) plus its slowest request's time to last byte."""
+    is its setup (DNS + TCP + TLS) plus its slowest request's time to last byte. Without
+    ``draw``, the key alone (no rows): the report draws only the slowest connections."""
     conn_ts = num(c.get("ts"))
     reqs = [(i, r) for i, r in enumerate(_l(c.get("requests")))
             if isinstance(r, dict) and num(r.get("ts")) is not None]
@@ -872,6 +873,9 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None
     if not reqs and not c.get("tls"):
         return None          # a bare TCP connection (DNS over TCP...): the table has it
     t0 = min(starts)
+    if not draw:
+        return _waterfall_key(reqs, seen and conn_ts is not None,
+                              dns_ms if dns and dns_ts is not None else None, tcp, tls), []
 
     def rel(ts: float) -> float:
         return (ts - t0) * 1000.0
@@ -956,6 +960,22 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None
     return setup_ms + worst, rows
 
 
+def _waterfall_key(reqs: list[tuple[int, dict[str, Any]]], setup: bool, dns_ms: float | None,
+                   tcp: float | None, tls: float | None) -> float:
+    """:func:`_conn_waterfall`'s key, summed in the same order as it draws the rows."""
+    setup_ms = 0.0
+    if setup:
+        for v in (dns_ms, tcp, tls):
+            if v is not None:
+                setup_ms += v
+    worst = 0.0
+    for _i, r in reqs[:MAX_WATERFALL_ROWS]:
+        ttlb = num(r.get("ttlb_ms"))
+        end = ttlb if ttlb is not None else num(r.get("ttfb_ms"))
+        worst = max(worst, end or 0.0)
+    return setup_ms + worst
+
+
 def _conn_title(c: dict[str, Any], n_req: int) -> str:
     tls = _d(c.get("tls"))
     bits = [f"<b>{esc(c.get('id'))}</b>",
@@ -984,12 +1004,16 @@ def _waterfalls(doc: dict[str, Any]) -> str:
     for order, c in enumerate(_l(doc.get("connections"))):
         if not isinstance(c, dict):
             continue
-        w = _conn_waterfall(c, dns_of.get(str(c.get("id"))))
+        w = _conn_waterfall(c, dns_of.get(str(c.get("id"))), draw=False)
         if w is not None:
-            drawn.append((w[0], order, c, w[1]))
+            drawn.append((w[0], order, c))
     total = len(drawn)
     drawn.sort(key=lambda t: -t[0])
-    shown = sorted(drawn[:MAX_WATERFALLS], key=lambda t: t[1])
+    shown = []
+    for key, order, c in sorted(drawn[:MAX_WATERFALLS], key=lambda t: t[1]):
+        w = _conn_waterfall(c, dns_of.get(str(c.get("id"))))
+        assert w is not None and w[0] == key
+        shown.append((key, order, c, w[1]))
     legend = _legend([("ph-dns", "DNS lookup"), ("ph-tcp", "TCP handshake"),
                       ("ph-tls", "TLS handshake"), ("ph-send", "request upload"),
                       ("ph-wait", "waiting for the first byte"),
