@@ -107,16 +107,22 @@ def flatten(obj: dict[str, Any], prefix: str = "", *, lists: bool = False
     """Nested dicts to one level with dotted keys; ``lists``: lists of dicts too, by
     index (``path_comparison.0.a``). Other values are kept as they are."""
     out: dict[str, Any] = {}
+    _flatten_into(obj, prefix, lists, out)
+    return out
+
+
+def _flatten_into(obj: dict[Any, Any], prefix: str, lists: bool, out: dict[str, Any]) -> None:
     for k, v in obj.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + ".", lists=lists))
+        key = k if not prefix and k.__class__ is str else f"{prefix}{k}"
+        if v.__class__ is dict or isinstance(v, dict):
+            if v:
+                _flatten_into(v, key + ".", lists, out)
+                continue
         elif lists and isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
             for i, x in enumerate(v):
-                out.update(flatten(x, f"{key}.{i}.", lists=lists))
-        else:
-            out[key] = v
-    return out
+                _flatten_into(x, f"{key}.{i}.", lists, out)
+            continue
+        out[key] = v
 
 
 def columns(rows: Iterable[dict[str, Any]], known: Sequence[str]) -> list[str]:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from report_docs import lab_requests, ledger, profile, with_paths
 
 from netdiag.report.csv_out import (
@@ -15,6 +17,7 @@ from netdiag.report.csv_out import (
     DNS_COLUMNS,
     FINDING_COLUMNS,
     REQUEST_COLUMNS,
+    flatten,
     write_csv,
 )
 
@@ -228,3 +231,39 @@ def test_text_of_a_str_subclass_is_defused_too(tmp_path: Path) -> None:
     _header, rows = read(tmp_path / "dns.csv")
     assert rows[0]["qname"] == "'=HYPERLINK(1)"
     assert rows[0]["ok"] == "true" and rows[0]["x"] == "1.5" and rows[0]["id"] == "1"
+
+
+def _flatten_reference(obj: dict[Any, Any], prefix: str = "", lists: bool = False
+                       ) -> dict[str, Any]:
+    """The plain recursive definition :func:`flatten` must keep to."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten_reference(v, key + ".", lists))
+        elif lists and isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                out.update(_flatten_reference(x, f"{key}.{i}.", lists))
+        else:
+            out[key] = v
+    return out
+
+
+class _Key(str):
+    """A str subclass as a key: the flattened key is a plain str all the same."""
+
+
+_keys = st.sampled_from(["a", "b", "a.b", "0", ""]) | st.integers(0, 3) | st.builds(
+    _Key, st.sampled_from(["a", "c"]))
+_nested = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: st.dictionaries(_keys, inner, max_size=4) | st.lists(inner, max_size=3),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_keys, _nested, max_size=5), st.booleans())
+def test_flatten_keeps_the_recursive_definition(obj: dict[Any, Any], lists: bool) -> None:
+    got, want = flatten(obj, lists=lists), _flatten_reference(obj, lists=lists)
+    assert list(got.items()) == list(want.items())
+    assert all(type(k) is str for k in got)
