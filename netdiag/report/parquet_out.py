@@ -670,6 +670,18 @@ def to_table(table: str, rows: list[dict[str, Any]], metadata: dict[str, str]) -
     schema."""
     pa = _pyarrow()[0]
     schema = arrow_schema(table, metadata)
+    try:
+        # one call into Arrow for every column (a Python loop of row.get per column and
+        # row was a tenth of a big capture's report); its derived times are null here
+        out = pa.Table.from_pylist(rows, schema=schema)
+    except UnicodeEncodeError:  # a lone surrogate somewhere: column by column, scrubbed
+        pass
+    else:
+        for i, field in enumerate(schema):
+            if field.name in TIME_OF:
+                ts = out.column(schema.get_field_index(TIME_OF[field.name]))
+                out = out.set_column(i, field, _times(ts))
+        return out
     arrays: list[Any] = []
     for field in schema:
         if field.name in TIME_OF:
