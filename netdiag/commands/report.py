@@ -382,9 +382,13 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     if fmt == "json":
         write_json(doc, out)
     elif fmt == "har":
-        from netdiag.report.har import build_har
+        from netdiag.report.har import attribute_dns, build_har
 
-        har = build_har(doc)
+        dns_of = None
+        if isinstance(lazy, Records):  # the DNS lookups need no request: outlines only
+            dns_of = attribute_dns({**doc, "connections": Records(
+                lazy.items, lambda c: c.to_json(with_requests=False))})
+        har = build_har(doc, dns_of=dns_of)
         if "groups" in doc:
             har["log"]["_groups"] = doc["groups"]
         write_json(har, out, ensure_ascii=False)

@@ -366,13 +366,15 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
     return start, entry
 
 
-def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_warning
-              ) -> dict[str, Any]:
+def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_warning,
+              dns_of: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """HAR 1.2 (``{"log": {...}}``) of every HTTP request in a contract document.
 
     ``warn`` gets one line when times had to be clamped (default: printed on standard
-    error; None: only the HAR's comments say so)."""
-    dns_of = attribute_dns(doc)
+    error; None: only the HAR's comments say so). ``dns_of``: what
+    :func:`attribute_dns` gives for ``doc``, where the caller has it cheaper."""
+    if dns_of is None:
+        dns_of = attribute_dns(doc)
     cap = doc.get("capture") or {}
     files = [str(f) for f in cap.get("files") or []]
     first_ts = _num(cap.get("first_ts"))
