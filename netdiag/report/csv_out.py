@@ -114,7 +114,11 @@ def flatten(obj: dict[str, Any], prefix: str = "", *, lists: bool = False
 def _flatten_into(obj: dict[Any, Any], prefix: str, lists: bool, out: dict[str, Any]) -> None:
     for k, v in obj.items():
         key = k if not prefix and k.__class__ is str else f"{prefix}{k}"
-        if v.__class__ is dict or isinstance(v, dict):
+        t = v.__class__
+        if t is str or t is int or t is float or v is None:  # most values: no test more
+            out[key] = v
+            continue
+        if t is dict or isinstance(v, dict):
             if v:
                 _flatten_into(v, key + ".", lists, out)
                 continue
@@ -148,23 +152,28 @@ def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
         w = csv.writer(f, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
         # a column can be named by a capture-borne key (a flattened map): defused too
         w.writerow([defuse(k) for k in header] if excel_safe else header)
+        # each row's values laid over a copy of the empty row: a row holds a few of the
+        # many columns, so only the values it has are walked, not every cell
+        empty = dict.fromkeys(header)
         for r in rows:
-            get = r.get
-            cells = [get(k) for k in header]
+            cells = empty.copy()
             # the writer itself prints None as an empty cell, an int with str() and a
-            # float with repr(), as _cell does: only the other cells are converted here
+            # float with repr(), as _cell does: only the other values are converted here
             # (a call per cell was most of the time of a big capture's files)
-            for i, v in enumerate(cells):
+            for k, v in r.items():
+                if k not in empty:  # the parent of flattened columns of other rows
+                    continue
                 t = v.__class__
                 if t is str:
                     if excel_safe and v.startswith(FORMULA_START):
-                        cells[i] = "'" + v
+                        v = "'" + v
                 elif t is not int and t is not float and v is not None:
                     c = _cell(v)
                     if excel_safe and isinstance(v, str):  # a subclass of str
                         c = defuse(c)
-                    cells[i] = c
-            w.writerow(cells)
+                    v = c
+                cells[k] = v
+            w.writerow(cells.values())
 
 
 def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
