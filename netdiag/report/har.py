@@ -302,7 +302,7 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
     if estimated:
         content["comment"] = "TLS record payload bytes of the response (headers included)"
     server_ip, _ = split_endpoint(conn.get("server"))
-    tls = conn.get("tls") if isinstance(conn.get("tls"), dict) else None
+    tls_info = conn.get("tls") if isinstance(conn.get("tls"), dict) else None
     custom: dict[str, Any] = {
         "connection": conn.get("id"), "client": conn.get("client"),
         "server": conn.get("server"), "stream_id": req.get("stream_id"),
@@ -314,8 +314,8 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
         "reset_by": req.get("reset_by"), "stall_ms": req.get("stall_ms"),
         "reused_connection": not first, "path": conn.get("path"),
     }
-    if tls is not None:
-        custom["tls"] = {k: tls.get(k) for k in
+    if tls_info is not None:
+        custom["tls"] = {k: tls_info.get(k) for k in
                          ("version", "sni", "alpn", "cipher", "resumed", "decrypted")}
     if setup is not None and dns is not None:
         custom["dns"] = {k: dns.get(k) for k in
