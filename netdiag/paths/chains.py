@@ -1432,8 +1432,8 @@ class _PairCount:
     """A pair of groups being decided by :meth:`_Linker._hopeless_pairs`: the parent
     group's requests by start, and the children found inside one or not so far."""
 
-    __slots__ = ("block_ends", "ends", "hits", "hopeless", "longest", "lst", "misses", "pg",
-                 "starts")
+    __slots__ = ("begun", "block_ends", "ends", "hits", "hopeless", "longest", "lst", "misses",
+                 "pg", "starts")
 
     def __init__(self, pg: tuple[Any, ...], lst: list[Node], starts: list[int],
                  ends: list[int], block_ends: list[int], longest: int) -> None:
@@ -1446,6 +1446,9 @@ class _PairCount:
         self.hits = 0
         self.misses = 0
         self.hopeless = False
+        self.begun = 0
+        """How many parents began by the last child's start (the children come in order
+        of start, so this only moves forward)."""
 
 
 _NEAR: Final = 8
@@ -1453,13 +1456,22 @@ _NEAR: Final = 8
 can hold the child."""
 
 
+def _start_of(n: Node) -> int:
+    return n.ts_ns
+
+
 def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
     """A request of the parent group, on another connection to another server, whose
     window holds ``[u_ts, u_end]`` (the newest :data:`MAX_SCAN` that began by
     ``u_ts``; walked by :func:`_next_ending` without a generator: this runs per child
-    and parent group)."""
+    and parent group). The children of a pair come in order of start (``u_ts``): the
+    parents begun by then are counted on from the last child's, not bisected for."""
     starts, ends, block_ends, lst = pc.starts, pc.ends, pc.block_ends, pc.lst
-    hi = _after(starts, u_ts)
+    hi = pc.begun
+    n = len(starts)
+    while hi < n and starts[hi] <= u_ts:
+        hi += 1
+    pc.begun = hi
     server = uc.server
     # the newest few first, before the lower bound is looked up: a window that holds the
     # child ends at u_end or later, so it began at u_end - longest or later (at lo or
@@ -2415,7 +2427,10 @@ class _Linker:
         counts = {cg: [_PairCount(e[0], e[2], e[3], e[4], e[5], e[6]) for e in entries]
                   for cg, entries in undecided.items()}
         hopeless: set[tuple[Any, Any]] = set()
-        for u in self.nodes:
+        # in order of start (:func:`_holds_other` counts on the parents begun); a pair's
+        # verdict does not depend on the order: it stays once its children inside a
+        # parent reach the share, which they do, in any order, unless it was hopeless
+        for u in sorted(self.nodes, key=_start_of):
             cg = u.group
             active = counts[cg]
             if not active:
