@@ -1,6 +1,8 @@
 """The ``netdiag`` command line: thin click commands over one pipeline call.
 
-Exit status: 0 every capture read to its end; 1 input error (one line on stderr);
+Exit status: 0 every capture read to its end; 1 input error (one line on stderr), or
+the reader of standard output went away (``| head``; nothing on stderr, as click, rich
+and Python exit on a broken pipe);
 2 usage error; 3 a capture is damaged or truncated (everything before the damage
 is reported); 4 internal error (a bug: set NETDIAG_DEBUG=1 for the traceback);
 130 interrupted.
@@ -89,9 +91,9 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("netdiag: interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): as click does
         sys.stderr.close()
-        sys.exit(0)
+        sys.exit(1)
     except SystemExit as e:
         if isinstance(e.code, int):
             quick_exit.leave(e.code)

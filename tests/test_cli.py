@@ -273,3 +273,20 @@ def test_write_pcapng_embeds_only_the_keys_of_its_connections(tmp_path: Path) ->
     again = json.loads(run("report", str(out), "--format", "json").stdout)
     first = json.loads(p.stdout)
     assert again["summary"]["http"] == first["summary"]["http"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "jsonl"])
+def test_a_reader_gone_before_the_report_is_exit_1_and_silent(fmt: str) -> None:
+    """``netdiag report x | head``, the reader gone before a byte is written: exit status
+    1, as click, rich and Python give on a broken pipe, with no traceback or error line
+    (README, "Exit status")."""
+    r, w = os.pipe()
+    os.close(r)  # no reader at all: the first write fails, whatever the timing
+    try:
+        p = subprocess.run([sys.executable, "-m", "netdiag", "report", str(ANTHO),
+                            "--format", fmt], stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=120, cwd=ROOT)
+    finally:
+        os.close(w)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and "error" not in p.stderr, p.stderr
