@@ -873,22 +873,21 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
     if not reqs and not c.get("tls"):
         return None          # a bare TCP connection (DNS over TCP...): the table has it
     t0 = min(starts)
+    key = _waterfall_key(reqs, seen and conn_ts is not None,
+                         dns_ms if dns and dns_ts is not None else None, tcp, tls)
     if not draw:
-        return _waterfall_key(reqs, seen and conn_ts is not None,
-                              dns_ms if dns and dns_ts is not None else None, tcp, tls), []
+        return key, []
 
     def rel(ts: float) -> float:
         return (ts - t0) * 1000.0
 
     rows: list[Row] = []
-    setup_ms = 0.0
     if seen and conn_ts is not None:
         setup = Row("connection setup", cls="setup")
         if dns and dns_ts is not None and dns_ms is not None:
             setup.bars.append(Bar(rel(dns_ts), rel(dns_ts) + dns_ms, "ph-dns",
                                   f"DNS {dns.get('qname')} {dns.get('qtype')}: "
                                   f"{fmt_ms(dns_ms)}"))
-            setup_ms += dns_ms
         x = rel(conn_ts)
         if dns_ts is not None and dns_ms is not None and x - (rel(dns_ts) + dns_ms) > 0:
             setup.bars.append(Bar(rel(dns_ts) + dns_ms, x, "", "client idle between the DNS "
@@ -897,11 +896,9 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
         if tcp is not None:
             setup.bars.append(Bar(x, x + tcp, "ph-tcp", f"TCP handshake: {fmt_ms(tcp)}"))
             x += tcp
-            setup_ms += tcp
         if tls is not None:
             setup.bars.append(Bar(x, x + tls, "ph-tls", f"TLS handshake: {fmt_ms(tls)}"))
             x += tls
-            setup_ms += tls
         parts = [f"{lab} {fmt_ms(v)}" for lab, v in (("DNS", dns_ms), ("TCP", tcp),
                                                      ("TLS", tls)) if v is not None]
         setup.note = " + ".join(parts)
@@ -910,7 +907,6 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
                                   "handshake and the first request: "
                                   f"{fmt_ms(rel(reqs[0][1]['ts']) - x)}", gap=True))
         rows.append(setup)
-    worst = 0.0
     for i, r in reqs[:MAX_WATERFALL_ROWS]:
         ts = r["ts"]
         send = max(num(r.get("send_ms")) or 0.0, 0.0)
@@ -942,8 +938,6 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
                     t -= g
                     marks.append(t)
             row.ticks = [x + m for m in marks]
-        end = ttlb if ttlb is not None else ttfb
-        worst = max(worst, end or 0.0)
         bits = []
         if ttfb is not None:
             bits.append(f"TTFB {fmt_ms(ttfb)}")
@@ -957,12 +951,13 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
         rows.append(row)
     if len(reqs) > MAX_WATERFALL_ROWS:
         rows.append(Row(f"… {len(reqs) - MAX_WATERFALL_ROWS} more requests", cls="dim"))
-    return setup_ms + worst, rows
+    return key, rows
 
 
 def _waterfall_key(reqs: list[tuple[int, dict[str, Any]]], setup: bool, dns_ms: float | None,
                    tcp: float | None, tls: float | None) -> float:
-    """:func:`_conn_waterfall`'s key, summed in the same order as it draws the rows."""
+    """:func:`_conn_waterfall`'s key: the setup shown (DNS, TCP, TLS) plus the slowest
+    drawn request's time to its last byte (else first byte)."""
     setup_ms = 0.0
     if setup:
         for v in (dns_ms, tcp, tls):
@@ -1012,7 +1007,7 @@ def _waterfalls(doc: dict[str, Any]) -> str:
     shown = []
     for key, order, c in sorted(drawn[:MAX_WATERFALLS], key=lambda t: t[1]):
         w = _conn_waterfall(c, dns_of.get(str(c.get("id"))))
-        assert w is not None and w[0] == key
+        assert w is not None  # drawn: it had something to draw
         shown.append((key, order, c, w[1]))
     legend = _legend([("ph-dns", "DNS lookup"), ("ph-tcp", "TCP handshake"),
                       ("ph-tls", "TLS handshake"), ("ph-send", "request upload"),
