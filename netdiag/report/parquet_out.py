@@ -672,23 +672,18 @@ def to_table(table: str, rows: list[dict[str, Any]], metadata: dict[str, str]) -
     schema = arrow_schema(table, metadata)
     try:
         # one call into Arrow for every column (a Python loop of row.get per column and
-        # row was a tenth of a big capture's report); its derived times are null here
+        # row was a tenth of a big capture's report)
         out = pa.Table.from_pylist(rows, schema=schema)
     except UnicodeEncodeError:  # a lone surrogate somewhere: column by column, scrubbed
-        pass
-    else:
-        for i, field in enumerate(schema):
-            if field.name in TIME_OF:
-                ts = out.column(schema.get_field_index(TIME_OF[field.name]))
-                out = out.set_column(i, field, _times(ts))
-        return out
-    arrays: list[Any] = []
-    for field in schema:
+        out = pa.Table.from_arrays(
+            [pa.nulls(len(rows), field.type) if field.name in TIME_OF
+             else _array([r.get(field.name) for r in rows], field.type) for field in schema],
+            schema=schema)
+    for i, field in enumerate(schema):  # the derived times, null so far
         if field.name in TIME_OF:
-            arrays.append(_times(arrays[schema.get_field_index(TIME_OF[field.name])]))
-        else:
-            arrays.append(_array([r.get(field.name) for r in rows], field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+            ts = out.column(schema.get_field_index(TIME_OF[field.name]))
+            out = out.set_column(i, field, _times(ts))
+    return out
 
 
 def tables(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
