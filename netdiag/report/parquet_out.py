@@ -342,10 +342,21 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _MISMATCH = object()
 
 
-@dataclass
+_PyType: TypeAlias = type
+
+
+@dataclass(slots=True)
 class _Leaf:
     name: str
+    """The column's dotted name."""
     type: ColumnType
+    """The column's type."""
+    exact: _PyType | None = None
+    """The Python type whose values the column takes as they are (``float`` for
+    float64, ``int`` within 64 bits, ``str``, ``bool``); None for a list, map or struct."""
+
+
+_EXACT: dict[str, type] = {F64: float, I64: int, STR: str, BOOL: bool}
 
 
 _Trie: TypeAlias = dict[str, "_Leaf | _Trie"]
@@ -366,7 +377,7 @@ def _trie(cols: Columns, skip: Iterable[str] = ()) -> _Trie:
             child = node.setdefault(p, {})
             assert isinstance(child, dict), name
             node = child
-        node[last] = _Leaf(name, t)
+        node[last] = _Leaf(name, t, _EXACT.get(t) if isinstance(t, str) else None)
     return root
 
 
@@ -426,9 +437,27 @@ def _convert(v: Any, t: ColumnType, where: str, extra: dict[str, Any]) -> Any:
         else:
             item = t.item
             if isinstance(item, str):            # the common case, no names built
+                exact = _EXACT[item]
+                if exact is not int:             # every item of the column's own type
+                    for x in v:
+                        if type(x) is not exact:
+                            break
+                    else:
+                        return list(v)
                 items = [None if x is None else _scalar(x, item) for x in v]
                 if _MISMATCH not in items:
                     return items
+            elif isinstance(item, StructOf) and not item.pair:  # objects: each walked
+                trie = _struct_trie(item)
+                structs: list[Any] = []
+                for i, x in enumerate(v):
+                    if type(x) is dict:
+                        fields: dict[str, Any] = {}
+                        _walk(x, trie, f"{where}.{i}.", fields, extra)
+                        structs.append(fields)
+                    else:
+                        structs.append(_convert(x, item, f"{where}.{i}", extra))
+                return structs
             elif item is _HEADER and all(
                     type(h) in (list, tuple) and len(h) == 2 and type(h[0]) is str
                     and type(h[1]) is str for h in v):
@@ -468,27 +497,34 @@ def _walk(obj: dict[Any, Any], trie: _Trie, prefix: str, out: dict[str, Any],
           extra: dict[str, Any]) -> None:
     """The values of ``obj`` into ``out`` by column name (nested objects by their dotted
     names); keys without a column into ``extra``."""
+    get = trie.get
     for k, v in obj.items():
-        key = k if type(k) is str else _key(k)
-        node = trie.get(key)
+        node = get(k)
+        if node is None and type(k) is not str:
+            node = get(_key(k))
         if isinstance(node, _Leaf):
+            kind = type(v)
+            # a value of the column's own type as it is (an int within 64 bits): most are
+            if kind is node.exact and (kind is not int or _INT_MIN <= v <= _INT_MAX):
+                out[node.name] = v
+                continue
             t = node.type
             if v is None:
                 out[node.name] = None
             elif isinstance(t, str):             # a scalar: its name only if it misfits
                 c = _scalar(v, t)
                 if c is _MISMATCH:
-                    extra[prefix + key] = v
+                    extra[prefix + _key(k)] = v
                     c = None
                 out[node.name] = c
             else:
-                out[node.name] = _convert(v, t, prefix + key, extra)
+                out[node.name] = _convert(v, t, prefix + _key(k), extra)
         elif node is None:
-            extra[prefix + key] = v
+            extra[prefix + _key(k)] = v
         elif isinstance(v, dict):
-            _walk(v, node, f"{prefix}{key}.", out, extra)
+            _walk(v, node, f"{prefix}{_key(k)}.", out, extra)
         elif v is not None:      # a null object: all its columns null
-            extra[prefix + key] = v
+            extra[prefix + _key(k)] = v
 
 
 def _json(v: Any) -> str:

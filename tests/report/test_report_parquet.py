@@ -464,13 +464,17 @@ def test_hostile_document_does_not_raise(docs: dict[str, dict[str, Any]],
     conn["retransmissions"] = 1.5                              # a fraction for a count
     conn["resets"] = True                                      # a flag for a count
     conn["packets"] = 12.0                                     # an integral float: kept
+    conn["bytes_to_server"] = 2**63                            # one past int64
+    conn["bytes_to_client"] = -(2**63)                         # int64's least: kept
     conn["ts"] = 1e13                                          # beyond the year 9999
     conn["surprise"] = {"new": [LONE]}                         # a field of a later netdiag
     r = conn["requests"][0]
     r["path"] = LONE + HUGE
     r["method"] = ANSI
     r["chunk_gaps_ms"] = [1.0, "soon", None]
-    r["chain"] = [{"hop": LONE, "own_ms": "many", "own_split_ms": None}]
+    r["chain"] = [{"hop": LONE, "own_ms": "many", "own_split_ms": None}, "a step?", None,
+                  {"hop": "origin", "depth": 2**64}]
+    conn["requests"][1]["chunk_gaps_ms"] = [0.5, True, 2]      # a flag among fractions
     other = next(i for i, c in enumerate(doc["connections"]) if c is not conn and c["tls"])
     doc["connections"][other]["tls"] = ["not", "an", "object"]
     doc["connections"].append("not a connection")
@@ -504,6 +508,8 @@ def test_hostile_document_does_not_raise(docs: dict[str, dict[str, Any]],
     assert extra[f"http2.settings.client.{fixed}"] == 2**70
     assert dict(row["http2.settings.client"])[fixed] is None
     assert (row["retransmissions"], row["resets"], row["packets"]) == (None, None, 12)
+    assert (row["bytes_to_server"], row["bytes_to_client"]) == (None, -(2**63))
+    assert extra["bytes_to_server"] == 2**63
     assert (extra["retransmissions"], extra["resets"]) == (1.5, True)
     assert row["ts"] == 1e13 and row["time"] is None
     assert extra["surprise"] == {"new": [LONE]}                # exact, through \u escapes
@@ -518,6 +524,13 @@ def test_hostile_document_does_not_raise(docs: dict[str, dict[str, Any]],
     assert req["chunk_gaps_ms"] == [1.0, None, None] and rextra["chunk_gaps_ms.1"] == "soon"
     assert req["chain"][0]["hop"] == fixed and req["chain"][0]["own_ms"] is None
     assert rextra["chain.0.own_ms"] == "many"
+    assert req["chain"][1] is None and rextra["chain.1"] == "a step?"
+    assert req["chain"][2] is None and "chain.2" not in rextra
+    assert req["chain"][3]["hop"] == "origin" and req["chain"][3]["depth"] is None
+    assert rextra["chain.3.depth"] == 2**64
+    req1 = next(x for x in reqs if x["connection"] == conn["id"] and x["index"] == 1)
+    assert req1["chunk_gaps_ms"] == [0.5, None, 2.0]
+    assert json.loads(dict(req1[EXTRA])["chunk_gaps_ms.1"]) is True
     assert any(x["status"] is None and x[EXTRA] and "status" in dict(x[EXTRA])
                for x in reqs)                                  # hostile_doc's text status
 
