@@ -108,7 +108,12 @@ def is_http(conn: dict[str, Any], req: dict[str, Any]) -> bool:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    t = v.__class__
+    if t is float:  # most values: no isinstance
+        return v  # type: ignore[no-any-return]
+    if t is int:
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def handshake_seen(conn: dict[str, Any]) -> bool:
@@ -175,10 +180,6 @@ def attribute_dns(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _r3(x: float) -> float:
-    return round(x, 3)
-
-
 def request_phases(req: dict[str, Any]) -> tuple[float, float, float]:
     """(send, wait, receive) in ms, each >= 0, from ``send_ms``, ``ttfb_ms``, ``ttlb_ms``."""
     send = max(_num(req.get("send_ms")) or 0.0, 0.0)
@@ -207,14 +208,14 @@ def _headers(pairs: Any) -> list[dict[str, str]]:
         return []
     out = []
     for p in pairs:
-        if isinstance(p, list | tuple) and len(p) == 2:
+        if isinstance(p, (list, tuple)) and len(p) == 2:
             out.append({"name": str(p[0]), "value": str(p[1])})
     return out
 
 
 def _header(pairs: Any, name: str) -> str | None:
     for p in pairs or []:
-        if isinstance(p, list | tuple) and len(p) == 2 and str(p[0]).lower() == name:
+        if isinstance(p, (list, tuple)) and len(p) == 2 and str(p[0]).lower() == name:
             return str(p[1])
     return None
 
@@ -281,9 +282,9 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
             start = min(start, setup["dns_ts"])
         if start < ts:
             blocked = max((ts - start) * 1000.0 - max(dns_ms, 0.0) - max(connect, 0.0), 0.0)
-    timings = {"blocked": _r3(blocked), "dns": _r3(dns_ms), "connect": _r3(connect),
-               "send": _r3(send), "wait": _r3(wait), "receive": _r3(receive),
-               "ssl": _r3(ssl)}
+    timings = {"blocked": round(blocked, 3), "dns": round(dns_ms, 3),
+               "connect": round(connect, 3), "send": round(send, 3), "wait": round(wait, 3),
+               "receive": round(receive, 3), "ssl": round(ssl, 3)}
     total = sum(v for k, v in timings.items() if k != "ssl" and v >= 0)
     version = _http_version(conn, req)
     estimated = bool(req.get("estimated"))
@@ -325,7 +326,7 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
             custom[k] = req[k]
     entry: dict[str, Any] = {
         "startedDateTime": iso8601(start),
-        "time": _r3(total),
+        "time": round(total, 3),
         "request": {
             "method": str(req.get("method") or ""),
             "url": url,
