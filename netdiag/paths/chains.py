@@ -477,14 +477,26 @@ class Node:
     def own_parts_ns(self) -> tuple[int, int, int] | None:
         """The own time split around the calls within the wait: (before the first call,
         between calls, after the last call); None when it made no call within it."""
+        return self.own_and_parts_ns()[1]
+
+    def own_and_parts_ns(self) -> tuple[int | None, tuple[int, int, int] | None]:
+        """:meth:`own_ns` and :meth:`own_parts_ns` from one walk of the callees (none
+        walked for a request that made no call: most)."""
+        fb = self.fb_ns
+        if fb is None:
+            return None, None
+        if not self.children:
+            return fb - self.ts_ns, None
         sp = self._spans()
-        if sp is None or not sp[2]:
-            return None
+        assert sp is not None
         lo, hi, merged = sp
+        own = (hi - lo) - sum(e - s for s, e in merged)
+        if not merged:
+            return own, None
         before = merged[0][0] - lo
         after = hi - merged[-1][1]
         between = sum(merged[k + 1][0] - merged[k][1] for k in range(len(merged) - 1))
-        return before, between, after
+        return own, (before, between, after)
 
 
 @dataclass(slots=True)
@@ -665,7 +677,8 @@ def _child_order(c: Node) -> tuple[int, str, int]:
 def _walk_steps(n: Node, depth: int, in_ttfb: bool, out: list[Step]) -> None:
     # a module function, not a closure: compiled, a closure and its frame would form a
     # reference cycle per chain, left for the collector
-    out.append(Step(n, depth, n.own_ns(), in_ttfb, n.own_parts_ns()))
+    own, parts = n.own_and_parts_ns()
+    out.append(Step(n, depth, own, in_ttfb, parts))
     for c in sorted(n.children, key=_child_order):
         _walk_steps(c, depth + 1, in_ttfb and n.in_wait(c), out)
 
