@@ -75,6 +75,10 @@ def _infer(connections: list[Connection], chains: Chains, profile: Profile | Non
     with_requests = [c for c in connections if c.requests and c.path is None]
     nodes_of = [_conn_nodes(chains, c) for c in with_requests]
     depth_of = [_conn_depth(chains, nodes) for nodes in nodes_of]
+    # a client-facing connection's path depends on its server and on what its requests
+    # did, not on the connection: one dict for all of a server's alike (read, never
+    # changed in place), not one per connection
+    roots: dict[tuple[str, bool, bool], dict[str, Any]] = {}
     # parents before children: shallowest first
     for k in sorted(range(len(with_requests)),
                     key=lambda k: (depth_of[k], with_requests[k].ts_ns)):
@@ -83,7 +87,14 @@ def _infer(connections: list[Connection], chains: Chains, profile: Profile | Non
         if parents:
             _infer_child(c, nodes, parents, depth_of[k], chains, by_id, unmatched_note)
         else:
-            _infer_root(c, nodes, chains, unmatched_note)
+            calls = any(n.children for n in nodes)
+            resp = is_resp(c) or any(r.protocol == "resp" for r in c.requests)
+            key = (c.server, calls, resp)
+            path = roots.get(key)
+            if path is None:
+                path = roots[key] = _root_path(c.server, calls, resp, chains,
+                                               unmatched_note)
+            c.path = path
     # connections without requests: same client address and server as an attributed one
     peers: dict[tuple[str, str], Connection] = {}
     for o in connections:
@@ -139,25 +150,26 @@ def _infer_child(c: Connection, nodes: list[Node], parents: list[Node], depth: i
     c.path = _path(name, hop, ev, True)
 
 
-def _infer_root(c: Connection, nodes: list[Node], chains: Chains, note: list[str]) -> None:
-    pev = chains.proxies.get(c.server)
-    calls = any(n.children for n in nodes)
+def _root_path(server: str, calls: bool, resp: bool, chains: Chains, note: list[str]
+               ) -> dict[str, Any]:
+    """The path of a connection to ``server`` that no captured request caused: its
+    requests caused others (``calls``), it carries Redis commands (``resp``)."""
+    pev = chains.proxies.get(server)
     if (pev is not None and pev.is_proxy) or calls:
         ev = [*note]
         if pev is not None:
             ev.append(pev.sentence + ("" if pev.is_proxy else
                                       " (linked by request id)"))
-        ev.append(f"no captured request caused the requests on it: {c.server} is the "
+        ev.append(f"no captured request caused the requests on it: {server} is the "
                   "client-facing hop")
-        c.path = _path(f"via {c.server}", "edge", ev, True)
-        return
-    hop = "store" if is_resp(c) or any(r.protocol == "resp" for r in c.requests) else "origin"
-    ip = split_endpoint(c.server)[0]
+        return _path(f"via {server}", "edge", ev, True)
+    hop = "store" if resp else "origin"
+    ip = split_endpoint(server)[0]
     if pev is None:
-        why = (f"none of the requests to {c.server} contained requests to another server "
+        why = (f"none of the requests to {server} contained requests to another server "
                f"from {ip} or in steady timing")
     else:
         why = (pev.sentence + " (not taken for a proxy: that needs 80% of at least 3 "
                "requests, and from another address a steady timing)")
-    c.path = _path(f"direct {c.server}", hop, [
+    return _path(f"direct {server}", hop, [
         *note, f"no captured request caused the requests on it, and {why}"], True)
