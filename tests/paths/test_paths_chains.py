@@ -104,6 +104,20 @@ def test_overlapping_callees_count_once_and_late_calls_are_not_in_the_wait() -> 
     assert [s.in_ttfb for s in steps] == [True, True, True, False]
 
 
+def test_a_call_after_the_first_byte_leaves_the_whole_wait_own() -> None:
+    client = conn("C1", "10.0.0.1:5000", "10.0.0.2:443", [req(0, 50, 60)])
+    late = conn("C4", "10.0.0.2:6002", "10.0.0.5:6379", [resp(52, 53, "HINCRBY")],
+                protocol="resp")
+    chains = link_requests([client, late], trusted=["C1"])
+    root = chains.node("C1", 0)
+    assert root is not None and [c.conn.id for c in root.children] == ["C4"]
+    # a callee, but none within the wait: all of it is the hop's own, with no split
+    assert root.own_and_parts_ns() == (50 * MS, None) == (root.own_ns(), root.own_parts_ns())
+    first, second = chains.steps(root)
+    assert (first.own_ns, first.parts_ns, second.in_ttfb) == (50 * MS, None, False)
+    assert second.node.own_and_parts_ns() == (MS, None)
+
+
 def test_request_without_answer_has_no_own_time() -> None:
     client = conn("C1", "10.0.0.1:5000", "10.0.0.2:443", [req(0, None)])
     client.last_ns = client.ts_ns + 100 * MS  # the answer never came; the window is the
