@@ -10,7 +10,8 @@ length, an EPB captured length, an option length, an IPv4 total length, a TCP da
 offset or a TLS record length inside a packet). It is written as ``antho.pcapng`` next
 to a copy of ``antho.paths.toml`` (so the profile is found as it is for the shipped
 capture) and run through ``netdiag report`` in every format: ``text``, ``json``,
-``jsonl``, ``har``, ``html`` and ``csv`` (each into a temporary directory), and
+``jsonl``, ``har``, ``html``, ``csv`` and, where pyarrow is installed, ``parquet`` (each
+into a temporary directory), and
 ``--format jsonl --write-pcapng`` (whose output must then read back undamaged), and with
 ``--extra`` also ``netdiag paths --connections`` and ``netdiag diff ORIGINAL MUTANT``; every
 other mutant with ``--keylog captures/antho.keys`` (one keyed mutant in eight with the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import os
 import random
 import re
@@ -58,7 +60,10 @@ if str(ROOT) not in sys.path:
 CAPTURE = ROOT / "captures" / "antho.pcapng"
 KEYS = ROOT / "captures" / "antho.keys"
 PROFILE = ROOT / "captures" / "antho.paths.toml"
-FORMATS = ("text", "json", "jsonl", "har", "html", "csv")
+FORMATS = ("text", "json", "jsonl", "har", "html", "csv",
+           *(("parquet",) if importlib.util.find_spec("pyarrow") else ()))
+"""Every format of ``netdiag report``; Parquet where pyarrow (the ``scale`` extra) is
+installed."""
 MARKERS = ("Traceback (most recent call last)", "please report")
 _TB_SITE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _INTERNAL = re.compile(r"internal error: ([\w.]+)")
@@ -380,7 +385,7 @@ def commands(cap: Path, keys: Path | None, work: Path, extra: bool = False
         base += ["--keylog", str(keys)]
     cmds = []
     for fmt in FORMATS:
-        target = work / ("csv" if fmt == "csv" else f"out.{fmt}")
+        target = work / (fmt if fmt in ("csv", "parquet") else f"out.{fmt}")
         cmds.append((fmt, [*base, "--format", fmt, "-o", str(target)]))
     cmds.append(("write-pcapng", [*base, "--format", "jsonl", "-o", str(work / "wp.jsonl"),
                                   "--write-pcapng", str(work / "out.pcapng")]))
@@ -398,12 +403,13 @@ def main() -> int:
         debug_run(sys.argv[2:])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=1500, help="command runs (7 per mutant)")
+    ap.add_argument("--runs", type=int, default=1500,
+                    help="command runs (8 per mutant with pyarrow, else 7)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--subprocess", action="store_true", help="python -m netdiag per run")
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--extra", action="store_true",
-                    help="also netdiag paths and netdiag diff (9 runs per mutant)")
+                    help="also netdiag paths and netdiag diff (2 runs more per mutant)")
     ap.add_argument("--out", default=str(ROOT / "fuzz" / "crashes" / "cli"))
     args = ap.parse_args()
     out_dir = Path(args.out)

@@ -9,6 +9,7 @@ function call (no atheris): no exception may escape and each input must finish i
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def test_every_target_takes_junk(name: str, data: bytes) -> None:
     TARGETS[name](data)
 
 
-FORMATS = ("text", "json", "jsonl", "har", "html", "csv")
+FORMATS = ("text", "json", "jsonl", "har", "html", "csv",
+           *(("parquet",) if importlib.util.find_spec("pyarrow") else ()))
 
 
 @pytest.mark.parametrize("path", _cli_inputs(), ids=lambda p: p.name)
