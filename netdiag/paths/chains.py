@@ -445,12 +445,9 @@ class Node:
         fb = self.fb_ns
         return fb is None or child.start_ns < fb
 
-    def _spans(self) -> tuple[int, int, list[tuple[int, int]]] | None:
-        """(start, first byte, merged callee intervals within them), None without an
-        answer."""
-        if self.fb_ns is None:
-            return None
-        lo, hi = self.ts_ns, self.fb_ns
+    def _spans(self, fb: int) -> tuple[int, int, list[tuple[int, int]]]:
+        """(start, first byte ``fb``, merged callee intervals within them)."""
+        lo, hi = self.ts_ns, fb
         spans = []
         for c in self.children:
             s = max(c.start_ns, lo)
@@ -468,11 +465,7 @@ class Node:
 
     def own_ns(self) -> int | None:
         """Wait minus the union of the callees' intervals within it."""
-        sp = self._spans()
-        if sp is None:
-            return None
-        lo, hi, merged = sp
-        return (hi - lo) - sum(e - s for s, e in merged)
+        return self.own_and_parts_ns()[0]
 
     def own_parts_ns(self) -> tuple[int, int, int] | None:
         """The own time split around the calls within the wait: (before the first call,
@@ -487,9 +480,7 @@ class Node:
             return None, None
         if not self.children:
             return fb - self.ts_ns, None
-        sp = self._spans()
-        assert sp is not None
-        lo, hi, merged = sp
+        lo, hi, merged = self._spans(fb)
         own = (hi - lo) - sum(e - s for s, e in merged)
         if not merged:
             return own, None
