@@ -383,12 +383,15 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
         write_json(doc, out)
     elif fmt == "har":
         from netdiag.report.har import attribute_dns, build_har
+        from netdiag.report.json_encode import compact_encoder
 
         dns_of = None
         if isinstance(lazy, Records):  # the DNS lookups need no request: outlines only
             dns_of = attribute_dns({**doc, "connections": Records(
                 lazy.items, lambda c: c.to_json(with_requests=False))})
-        har = build_har(doc, dns_of=dns_of)
+        # the entries kept as text until written, each by the encoder write_json uses
+        har = build_har(doc, dns_of=dns_of,
+                        encode=compact_encoder(ensure_ascii=False, check_circular=False))
         if "groups" in doc:
             har["log"]["_groups"] = doc["groups"]
         write_json(har, out, ensure_ascii=False)

@@ -45,6 +45,8 @@ from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from netdiag.report.json_encode import Encode
+from netdiag.report.json_out import Encoded
 from netdiag.textsafe import print_warning
 
 ESTIMATED_COMMENT = "estimated from encrypted TLS record timing (no key log)"
@@ -368,19 +370,25 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
 
 
 def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_warning,
-              dns_of: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              dns_of: dict[str, dict[str, Any]] | None = None,
+              encode: Encode | None = None) -> dict[str, Any]:
     """HAR 1.2 (``{"log": {...}}``) of every HTTP request in a contract document.
 
     ``warn`` gets one line when times had to be clamped (default: printed on standard
     error; None: only the HAR's comments say so). ``dns_of``: what
-    :func:`attribute_dns` gives for ``doc``, where the caller has it cheaper."""
+    :func:`attribute_dns` gives for ``doc``, where the caller has it cheaper.
+    ``encode``: where given, each entry is kept as its JSON text (``log.entries`` an
+    :class:`~netdiag.report.json_out.Encoded` list, for
+    :func:`~netdiag.report.json_out.write_json` with the same encoder), not as a dict
+    until the whole HAR is written: the text takes a fraction of the dict's memory."""
     if dns_of is None:
         dns_of = attribute_dns(doc)
     cap = doc.get("capture") or {}
     files = [str(f) for f in cap.get("files") or []]
     first_ts = _num(cap.get("first_ts"))
     page = "capture" if first_ts is not None else None
-    entries: list[tuple[float, int, int, dict[str, Any]]] = []
+    entries: list[tuple[float, int, int, Any]] = []
+    estimated = clamped = 0
     for ci, conn in enumerate(doc.get("connections") or []):
         reqs = [r for r in conn.get("requests") or [] if is_http(conn, r)
                 and _num(r.get("ts")) is not None]
@@ -388,7 +396,12 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
         for i, r in enumerate(reqs):
             made = _entry(conn, r, i == 0, dns_of.get(str(conn.get("id"))), page)
             if made is not None:
-                entries.append((made[0], ci, i, made[1]))
+                start, entry = made
+                if str(entry.get("comment", "")).startswith(ESTIMATED_COMMENT):
+                    estimated += 1
+                if entry["_netdiag"].get("started_clamped"):
+                    clamped += 1
+                entries.append((start, ci, i, entry if encode is None else encode(entry)))
     entries.sort(key=lambda t: t[:3])
     log: dict[str, Any] = {
         "version": "1.2",
@@ -403,13 +416,11 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
             "pageTimings": {"onContentLoad": -1, "onLoad": -1},
             "comment": "the whole capture; entries are its HTTP requests",
         }]
-    log["entries"] = [e for *_, e in entries]
-    estimated = sum(1 for *_, e in entries
-                    if str(e.get("comment", "")).startswith(ESTIMATED_COMMENT))
+    in_order = [e for *_, e in entries]
+    log["entries"] = in_order if encode is None else Encoded(in_order)
     notes = [f"measured by netdiag from packet capture {', '.join(files) or '(unnamed)'}"]
     if estimated:
         notes.append(f"{estimated} of {len(entries)} entries are {ESTIMATED_COMMENT}")
-    clamped = sum(1 for *_, e in entries if e["_netdiag"].get("started_clamped"))
     if first_ts is not None and not in_iso_range(first_ts):
         clamped += 1
         log["pages"][0]["comment"] += f"; {CLAMPED_COMMENT}"

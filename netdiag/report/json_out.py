@@ -47,6 +47,21 @@ class Records(Generic[T]):
             yield d
 
 
+class Encoded:
+    """A JSON list whose elements are already encoded, one compact JSON text each (by
+    the encoder :func:`write_json` uses for list elements): written as they are, one a
+    line."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        """The elements' JSON texts, in order."""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
 def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:
     """Write ``doc`` (plain JSON types) to ``out``, followed by a newline."""
     encode = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=True,
@@ -68,15 +83,15 @@ def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode) -
         out.write(f"\n{'  ' * depth}}}")
     elif ((isinstance(value, list) and value
            and any(isinstance(v, dict | list) for v in value))
-          or (isinstance(value, Records) and len(value))):
+          or (isinstance(value, Records | Encoded) and len(value))):
         out.write("[")
         sep = "\n"
-        for item in value:
+        for text in value.texts if isinstance(value, Encoded) else map(line, value):
             out.write(sep + pad)
-            out.write(line(item))
+            out.write(text)
             sep = ",\n"
         out.write(f"\n{'  ' * depth}]")
-    elif isinstance(value, Records):
+    elif isinstance(value, Records | Encoded):
         out.write("[]")
     else:
         out.write(encode(value))

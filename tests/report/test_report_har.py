@@ -342,3 +342,33 @@ def test_a_lazy_document_gives_the_same_har(fixture: str,
     assert attribute_dns(lazy) == attribute_dns(doc)
     assert attribute_dns(doc)  # the check above compares lookups, not two empty maps
     assert build_har(lazy, warn=None) == build_har(doc, warn=None)
+
+
+@pytest.mark.parametrize("fixture", ["doc_keys", "doc_nokeys", "no_request"])
+def test_entries_kept_as_text_write_the_same_har(fixture: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    """``netdiag report --format har`` keeps each entry as its JSON text until the HAR is
+    written (``encode``): the file is byte for byte the one the entries' dicts give, and
+    the log's counts (estimated entries) are the same."""
+    import io
+
+    from netdiag.report.json_encode import compact_encoder
+    from netdiag.report.json_out import Encoded, write_json
+
+    doc = (dict(request.getfixturevalue("doc_nokeys"), connections=[])
+           if fixture == "no_request" else request.getfixturevalue(fixture))
+    plain = build_har(doc, warn=None)
+    as_text = build_har(doc, warn=None,
+                        encode=compact_encoder(ensure_ascii=False, check_circular=False))
+    assert isinstance(as_text["log"]["entries"], Encoded)
+    assert len(as_text["log"]["entries"]) == len(plain["log"]["entries"])
+    assert as_text["log"]["comment"] == plain["log"]["comment"]
+    written = []
+    for har in (plain, as_text):
+        out = io.StringIO()
+        write_json(har, out, ensure_ascii=False)
+        written.append(out.getvalue())
+    assert written[0] == written[1]
+    assert json.loads(written[1]) == json.loads(json.dumps(plain))
+    if fixture == "no_request":
+        assert '"entries": []' in written[1]
