@@ -68,10 +68,11 @@ runs, and :class:`ParquetUnavailable` says how to install it when it is missing.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.errors import InputError
@@ -307,6 +308,10 @@ TIME_OF = {"time": "ts", "start_time": "start_ts", "first_time": "first_ts",
 """Each ``timestamp`` column and the epoch-seconds column it is derived from."""
 ROW_GROUP_ROWS = 131_072
 """Rows per row group (a fixed number, for deterministic bytes)."""
+BATCH_ROWS = 8192
+"""Rows of the connections and requests tables turned into Arrow columns at a time: a
+big document's rows are never all in memory as dicts at once (a dict per row took
+several times the memory of its columns)."""
 TIME_MIN_US = -62_135_596_800_000_000
 """0001-01-01T00:00:00Z in microseconds: the first ``time`` kept."""
 TIME_END_US = 253_402_300_800_000_000
@@ -318,7 +323,14 @@ class ParquetUnavailable(InputError):
 
 
 def _pyarrow() -> tuple[Any, Any, Any]:
-    """``(pyarrow, pyarrow.compute, pyarrow.parquet)``, or :class:`ParquetUnavailable`."""
+    """``(pyarrow, pyarrow.compute, pyarrow.parquet)``, or :class:`ParquetUnavailable`.
+
+    Arrow's buffers come from the C library's allocator (unless the environment chose
+    another pool, or pyarrow was in use before), as netdiag's own objects do
+    (:mod:`netdiag.allocator` keeps freed memory for reuse): pyarrow's default mimalloc
+    pool gave memory back and faulted it in again, about a second of system time and
+    60 MiB more at 1M packets."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     try:
         import pyarrow as pa  # type: ignore[import-untyped]
         import pyarrow.compute as pc  # type: ignore[import-untyped]
@@ -565,8 +577,12 @@ def _connection_row(c: dict[Any, Any], trie: _Trie) -> dict[str, Any]:
     return row
 
 
+class _Rows(Protocol):
+    def append(self, row: dict[str, Any], /) -> None: ...
+
+
 def _add_request_rows(c: dict[Any, Any], crow: dict[str, Any], trie: _Trie,
-                      rows: list[dict[str, Any]]) -> None:
+                      rows: _Rows) -> None:
     context = {"connection": crow.get("id"), "client": crow.get("client"),
                "server": crow.get("server"), "connection.protocol": crow.get("protocol"),
                "path.name": crow.get("path.name"), "path.hop": crow.get("path.hop")}
@@ -576,19 +592,45 @@ def _add_request_rows(c: dict[Any, Any], crow: dict[str, Any], trie: _Trie,
             rows.append(_row(r, trie, {**context, "index": i}))
 
 
-def connection_and_request_rows(doc: dict[str, Any]
-                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One row per connection and one per request, in one pass over the connections (a
-    document made as it is read renders each connection once)."""
+def connection_and_request_rows(doc: dict[str, Any], conns: _Rows, reqs: _Rows) -> None:
+    """One row per connection (to ``conns``) and one per request (to ``reqs``), in one
+    pass over the connections (a document made as it is read renders each connection
+    once)."""
     ctrie = _trie(CONNECTION_COLUMNS, DERIVED["connections"])
     rtrie = _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
-    conns: list[dict[str, Any]] = []
-    reqs: list[dict[str, Any]] = []
     for c in _records(doc.get("connections")):
         crow = _connection_row(c, ctrie)
         conns.append(crow)
         _add_request_rows(c, crow, rtrie, reqs)
-    return conns, reqs
+
+
+class _Batched:
+    """Rows of one table taken :data:`BATCH_ROWS` at a time into Arrow tables
+    (:func:`to_table`), joined into one table at the end."""
+
+    def __init__(self, table: str, metadata: dict[str, str]) -> None:
+        self.table = table
+        self.metadata = metadata
+        self.rows: list[dict[str, Any]] = []
+        self.parts: list[Any] = []
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= BATCH_ROWS:
+            self._convert()
+
+    def _convert(self) -> None:
+        self.parts.append(to_table(self.table, self.rows, self.metadata))
+        self.rows = []
+
+    def result(self) -> Any:
+        """The table of every row appended."""
+        if self.rows or not self.parts:
+            self._convert()
+        parts, self.parts = self.parts, []
+        if len(parts) == 1:
+            return parts[0]
+        return _pyarrow()[0].concat_tables(parts)
 
 
 def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -727,11 +769,10 @@ def tables(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     order."""
     meta = {"contract": _valid(_key(doc.get("contract", CONTRACT_VERSION))),
             "netdiag_version": _valid(_key(doc.get("netdiag_version", __version__)))}
-    conns, reqs = connection_and_request_rows(doc)
-    yield "connections", to_table("connections", conns, meta)
-    del conns
-    yield "requests", to_table("requests", reqs, meta)
-    del reqs
+    conns, reqs = _Batched("connections", meta), _Batched("requests", meta)
+    connection_and_request_rows(doc, conns, reqs)
+    yield "connections", conns.result()
+    yield "requests", reqs.result()
     yield "dns", to_table("dns", dns_rows(doc), meta)
     yield "findings", to_table("findings", finding_rows(doc), meta)
     if isinstance(doc.get("timeseries"), dict):

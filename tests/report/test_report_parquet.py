@@ -729,3 +729,26 @@ def test_a_lazy_document_renders_each_connection_once(doc_keys: dict[str, Any],
     assert sorted(rendered) == list(range(len(conns)))  # each once
     for a, b in zip(plain, made, strict=True):
         assert a.name == b.name and a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("batch", [1, 3, 10_000])
+def test_rows_taken_in_batches_give_the_same_tables(doc_keys: dict[str, Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    batch: int) -> None:
+    """The connections and requests tables are built ``BATCH_ROWS`` rows at a time (a big
+    document's rows are never all dicts at once): every batch size gives the same
+    tables, row for row, and the same bytes for the same document."""
+    import netdiag.report.parquet_out as parquet_out
+
+    whole = read_all(write_parquet(doc_keys, tmp_path / "whole"))
+    assert whole["requests.parquet"].num_rows > 3  # several batches below
+    monkeypatch.setattr(parquet_out, "BATCH_ROWS", batch)
+    first = write_parquet(doc_keys, tmp_path / "one")
+    again = write_parquet(copy.deepcopy(doc_keys), tmp_path / "two")
+    for p, q in zip(first, again, strict=True):
+        assert p.read_bytes() == q.read_bytes(), p.name
+    batched = read_all(first)
+    assert batched.keys() == whole.keys()
+    for name, table in whole.items():
+        assert batched[name].schema.equals(table.schema, check_metadata=True), name
+        assert rows(batched[name]) == rows(table), name
