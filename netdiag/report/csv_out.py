@@ -129,10 +129,11 @@ def _flatten_into(obj: dict[Any, Any], prefix: str, lists: bool, out: dict[str, 
         out[key] = v
 
 
-def columns(rows: Iterable[dict[str, Any]], known: Sequence[str]) -> list[str]:
+def columns(rows: Iterable[Iterable[str]], known: Sequence[str]) -> list[str]:
     """``known`` first (all of them, so the header does not depend on the data), then
-    every other key of ``rows`` alphabetically. A key that is only the empty parent of
-    flattened ones (``tls`` where another row has ``tls.version``) is left out."""
+    every other key of ``rows`` (dicts, or the key tuples of :attr:`Rows.shapes`)
+    alphabetically. A key that is only the empty parent of flattened ones (``tls`` where
+    another row has ``tls.version``) is left out."""
     keys = {k for r in rows for k in r}
     parents = {k.rsplit(".", i)[0] for k in keys | set(known)
                for i in range(1, k.count(".") + 1)}
@@ -146,22 +147,56 @@ def defuse(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
-def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
-           excel_safe: bool) -> None:
+class Rows:
+    """A table's rows kept as their values: the keys of a row are one tuple, shared by
+    every row with the same keys (a flattened row's dict took several times the memory
+    of its values, and a big capture's rows are all kept until the header is known)."""
+
+    __slots__ = ("keys", "shapes", "values")
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+        self.shapes: dict[tuple[str, ...], tuple[str, ...]] = {}
+        """Each distinct tuple of keys, once."""
+        self.keys: list[tuple[str, ...]] = []
+        """Per row, its keys (one of :attr:`shapes`)."""
+        self.values: list[tuple[Any, ...]] = []
+        """Per row, its values in the order of its keys."""
+        for r in rows:
+            self.append(r)
+
+    def append(self, row: dict[str, Any]) -> None:
+        keys = tuple(row)
+        shape = self.shapes.get(keys)
+        if shape is None:
+            shape = self.shapes[keys] = keys
+        self.keys.append(shape)
+        self.values.append(tuple(row.values()))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
         # a column can be named by a capture-borne key (a flattened map): defused too
         w.writerow([defuse(k) for k in header] if excel_safe else header)
         # each row's values laid over a copy of the empty row: a row holds a few of the
         # many columns, so only the values it has are walked, not every cell
-        empty = dict.fromkeys(header)
-        for r in rows:
+        place = {k: i for i, k in enumerate(header)}
+        empty: list[Any] = [None] * len(place)
+        places: dict[tuple[str, ...], list[int]] = {}  # per shape: each key's column
+        for keys, values in zip(rows.keys, rows.values, strict=True):
+            at = places.get(keys)
+            if at is None:
+                # -1: the parent of flattened columns of other rows, not a column
+                at = places[keys] = [place.get(k, -1) for k in keys]
             cells = empty.copy()
             # the writer itself prints None as an empty cell, an int with str() and a
             # float with repr(), as _cell does: only the other values are converted here
             # (a call per cell was most of the time of a big capture's files)
-            for k, v in r.items():
-                if k not in empty:  # the parent of flattened columns of other rows
+            for i, v in zip(at, values, strict=True):
+                if i < 0:
                     continue
                 t = v.__class__
                 if t is str:
@@ -172,8 +207,8 @@ def _write(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]],
                     if excel_safe and isinstance(v, str):  # a subclass of str
                         c = defuse(c)
                     v = c
-                cells[k] = v
-            w.writerow(cells.values())
+                cells[i] = v
+            w.writerow(cells)
 
 
 def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,7 +221,7 @@ def _connection_row(c: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _add_request_rows(c: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _add_request_rows(c: dict[str, Any], rows: list[dict[str, Any]] | Rows) -> None:
     for i, r in enumerate(c.get("requests") or []):
         row = flatten(r)
         row["connection"] = r.get("connection", c.get("id"))
@@ -205,13 +240,11 @@ def request_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def connection_and_request_rows(doc: dict[str, Any]
-                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def connection_and_request_rows(doc: dict[str, Any]) -> tuple[Rows, Rows]:
     """:func:`connection_rows` and :func:`request_rows` in one pass over the connections
     (a document made as it is read, ``Records`` as ``netdiag report`` makes it, renders
-    each connection once)."""
-    conns: list[dict[str, Any]] = []
-    reqs: list[dict[str, Any]] = []
+    each connection once), kept as :class:`Rows`."""
+    conns, reqs = Rows(), Rows()
     for c in doc.get("connections") or []:
         conns.append(_connection_row(c))
         _add_request_rows(c, reqs)
@@ -294,25 +327,24 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
     outdir.mkdir(parents=True, exist_ok=True)
     out: list[Path] = []
 
-    def table(name: str, header: list[str], rows: list[dict[str, Any]]) -> None:
+    def table(name: str, header: list[str], rows: Rows) -> None:
         path = outdir / name
         _write(path, header, rows, excel_safe)
         out.append(path)
 
-    rows = dns_rows(doc)
-    table("dns.csv", columns(rows, DNS_COLUMNS), rows)
+    rows = Rows(map(dict, doc.get("dns") or []))  # dns_rows(doc), one row at a time
+    table("dns.csv", columns(rows.shapes, DNS_COLUMNS), rows)
     rows, requests = connection_and_request_rows(doc)
-    table("connections.csv", columns(rows, CONNECTION_COLUMNS), rows)
+    table("connections.csv", columns(rows.shapes, CONNECTION_COLUMNS), rows)
     del rows
-    table("requests.csv", columns(requests, REQUEST_COLUMNS), requests)
+    table("requests.csv", columns(requests.shapes, REQUEST_COLUMNS), requests)
     del requests
-    rows = [dict(f) for f in doc.get("findings") or []]
-    table("findings.csv", columns(rows, FINDING_COLUMNS), rows)
-    table("summary.csv", ["key", "value"], summary_rows(doc))
+    rows = Rows(dict(f) for f in doc.get("findings") or [])
+    table("findings.csv", columns(rows.shapes, FINDING_COLUMNS), rows)
+    table("summary.csv", ["key", "value"], Rows(summary_rows(doc)))
     if isinstance(doc.get("timeseries"), dict):
-        header, rows = timeseries_rows(doc)
-        table("timeseries.csv", header, rows)
+        header, series = timeseries_rows(doc)
+        table("timeseries.csv", header, Rows(series))
     if "knees" in doc:
-        rows = knee_rows(doc)
-        table("knees.csv", list(KNEE_COLUMNS), rows)
+        table("knees.csv", list(KNEE_COLUMNS), Rows(knee_rows(doc)))
     return out

@@ -267,3 +267,25 @@ def test_flatten_keeps_the_recursive_definition(obj: dict[Any, Any], lists: bool
     got, want = flatten(obj, lists=lists), _flatten_reference(obj, lists=lists)
     assert list(got.items()) == list(want.items())
     assert all(type(k) is str for k in got)
+
+
+def test_rows_of_different_keys_each_land_in_their_columns(tmp_path: Path) -> None:
+    """Rows are kept as values with a shared tuple of keys (``Rows``): rows whose keys
+    differ, in set or in order, still put each value under its own column, and a key that
+    is only the parent of another row's flattened columns writes no cell."""
+    from netdiag.report.csv_out import Rows, _write, columns
+
+    dicts = [{"b": 1, "a": "x", "tls": None},
+             {"a": "y", "b": 2.5, "tls": None},
+             {"tls.version": "TLS 1.3", "a": "=z"},
+             {"b": [1, 2], "a": None, "tls": None}]
+    rows = Rows(dicts)
+    assert len(rows.shapes) == 3 and len(rows) == 4
+    assert rows.keys[0] is rows.keys[3]  # one tuple per distinct shape
+    header = columns(rows.shapes, ("a",))
+    assert header == ["a", "b", "tls.version"]  # "tls" only a parent: no column
+    path = tmp_path / "t.csv"
+    _write(path, header, rows, excel_safe=True)
+    got = read(path)
+    assert got == (header, [dict(zip(header, cells, strict=True)) for cells in (
+        ["x", "1", ""], ["y", "2.5", ""], ["'=z", "", "TLS 1.3"], ["", "[1,2]", ""])])
