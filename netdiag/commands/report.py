@@ -281,7 +281,7 @@ def _run_report(captures: list[str], fmt: str, options: Any, out: IO[str],
                     _write_groups_text(fleet_res, out)
             else:
                 doc = csink.document(result, headers=fmt in ("har", "html"),
-                                     lazy=fmt in ("json", "csv", "parquet", "har"))
+                                     lazy=fmt in ("json", "csv", "parquet", "har", "html"))
                 if fleet_res is not None:
                     doc = _with_fleet(doc, fleet_res)
                 _write_collected(fmt, result, doc, csink.connections, csink.dns_records,
@@ -381,24 +381,24 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
         lazy.steps.append(lambda cj, conn: annotate_connection(cj, conn, analysis))
     if fmt == "json":
         write_json(doc, out)
-    elif fmt == "har":
+    elif fmt in ("har", "html"):
         from netdiag.report.har import attribute_dns, build_har
+        from netdiag.report.html import render_html
         from netdiag.report.json_encode import compact_encoder
 
         dns_of = None
         if isinstance(lazy, Records):  # the DNS lookups need no request: outlines only
             dns_of = attribute_dns({**doc, "connections": Records(
                 lazy.items, lambda c: c.to_json(with_requests=False))})
-        # the entries kept as text until written, each by the encoder write_json uses
-        har = build_har(doc, dns_of=dns_of,
-                        encode=compact_encoder(ensure_ascii=False, check_circular=False))
-        if "groups" in doc:
-            har["log"]["_groups"] = doc["groups"]
-        write_json(har, out, ensure_ascii=False)
-    elif fmt == "html":
-        from netdiag.report.html import render_html
-
-        out.write(render_html(doc))
+        if fmt == "html":
+            out.write(render_html(doc, dns_of=dns_of))
+        else:
+            # the entries kept as text until written, each by the encoder write_json uses
+            har = build_har(doc, dns_of=dns_of,
+                            encode=compact_encoder(ensure_ascii=False, check_circular=False))
+            if "groups" in doc:
+                har["log"]["_groups"] = doc["groups"]
+            write_json(har, out, ensure_ascii=False)
     elif fmt == "csv":
         from pathlib import Path
 

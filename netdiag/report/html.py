@@ -22,11 +22,13 @@ connections), the slowest requests, and the DNS and connection tables.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from netdiag.report.har import attribute_dns, handshake_seen, is_http, split_endpoint
+from netdiag.report.json_out import Records
 from netdiag.report.svg import (
     SERIES,
     TIMELINE_COLS,
@@ -300,15 +302,93 @@ def _table(head: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str | None]
 # --- data helpers ------------------------------------------------------------------
 
 
-def _http_requests(doc: dict[str, Any]) -> list[tuple[dict[str, Any], int, dict[str, Any]]]:
-    out = []
-    for c in _l(doc.get("connections")):
-        if not isinstance(c, dict):
-            continue
+def _records(v: object) -> Iterable[Any]:
+    """The elements of a list, or of a :class:`~netdiag.report.json_out.Records` (each
+    made as it is read: ``netdiag report`` hands the connections and DNS so)."""
+    return v if isinstance(v, list | Records) else ()
+
+
+class _Top:
+    """The ``size`` items of the largest keys among those added, ties to the first added
+    (what a stable sort by decreasing key keeps of its head), without keeping the rest."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.added = 0
+        """How many items were added in all."""
+        self._heap: list[tuple[float, int, Any]] = []
+
+    def add(self, key: float, item: Any) -> None:
+        entry = (key, -self.added, item)  # the count first: items are never compared
+        self.added += 1
+        if len(self._heap) < self.size:
+            heapq.heappush(self._heap, entry)
+        elif (key, entry[1]) > self._heap[0][:2]:
+            heapq.heapreplace(self._heap, entry)
+
+    def best(self) -> list[Any]:
+        """The items kept, largest key first, ties in the order added."""
+        return [e[2] for e in sorted(self._heap, key=lambda e: (-e[0], -e[1]))]
+
+
+class _Digest:
+    """What the sections read of the connections, from one pass over them: a document
+    made as it is read (``Records``) is rendered once, and only the connections and
+    requests a section shows are kept."""
+
+    def __init__(self, doc: dict[str, Any], dns_of: dict[str, dict[str, Any]]) -> None:
+        self.ttfb_by_path: dict[str, list[float]] = {}
+        """Per path name (in the order first seen), the times to first byte of its
+        client-facing HTTP requests."""
+        self.estimated_paths: dict[str, bool] = {}
+        """Per path name of :attr:`ttfb_by_path`: whether one of those was estimated."""
+        self.ttfb: list[float] = []
+        """The time to first byte of every HTTP request that has one."""
+        self.any_estimated = False
+        """Whether an HTTP request was estimated (with or without a first byte)."""
+        self.slowest = _Top(SLOWEST_REQUESTS)
+        """``(connection, index, request)`` of the longest times to first byte."""
+        self.slowest_on_path = False
+        """Whether a request with a time to first byte is on a named path."""
+        self.slowest_with_headers = False
+        """Whether a request with a time to first byte has decoded headers."""
+        self.waterfalls = _Top(MAX_WATERFALLS)
+        """``(order, connection)`` of the slowest connections with something to draw."""
+        self.table: list[dict[str, Any]] = []
+        """The first :data:`MAX_TABLE_ROWS` connections."""
+        self.connections = 0
+        """How many connections there are."""
+        self.servers: set[str] = set()
+        """The server addresses."""
+        for order, c in enumerate(_records(doc.get("connections"))):
+            if isinstance(c, dict):
+                self._add(order, c, dns_of)
+
+    def _add(self, order: int, c: dict[str, Any], dns_of: dict[str, dict[str, Any]]) -> None:
+        self.connections += 1
+        if len(self.table) < MAX_TABLE_ROWS:
+            self.table.append(c)
+        self.servers.add(split_endpoint(c.get("server"))[0])
+        w = _conn_waterfall(c, dns_of.get(str(c.get("id"))), draw=False)
+        if w is not None:
+            self.waterfalls.add(w[0], (order, c))
+        name = _path_name(c)
         for i, r in enumerate(_l(c.get("requests"))):
-            if isinstance(r, dict) and is_http(c, r):
-                out.append((c, i, r))
-    return out
+            if not isinstance(r, dict) or not is_http(c, r):
+                continue
+            self.any_estimated = self.any_estimated or bool(r.get("estimated"))
+            v = num(r.get("ttfb_ms"))
+            if v is None:
+                continue
+            self.ttfb.append(v)
+            self.slowest.add(v, (c, i, r))
+            self.slowest_on_path = self.slowest_on_path or bool(name)
+            self.slowest_with_headers = self.slowest_with_headers or bool(
+                r.get("request_headers") or r.get("response_headers"))
+            if name is not None and "caused_by" not in r:
+                self.ttfb_by_path.setdefault(name, []).append(v)
+                self.estimated_paths[name] = (self.estimated_paths.get(name, False)
+                                              or bool(r.get("estimated")))
 
 
 def _path_name(c: dict[str, Any]) -> str | None:
@@ -797,29 +877,23 @@ def _legend(items: Sequence[tuple[str, str]]) -> str:
         f'<span><i class="sw {cls}"></i>{esc(lab)}</span>' for cls, lab in items) + "</div>")
 
 
-def _ttfb(doc: dict[str, Any]) -> str:
-    reqs = _http_requests(doc)
+def _ttfb(doc: dict[str, Any], digest: _Digest) -> str:
     paths = list(_d(_d(doc.get("summary")).get("paths")))
     series: list[Series] = []
     if paths:
         by: dict[str, list[float]] = {str(p): [] for p in paths}
-        est: dict[str, bool] = {}
-        for c, _, r in reqs:
-            n = _path_name(c)
-            v = num(r.get("ttfb_ms"))
-            if n is None or v is None or "caused_by" in r:
-                continue
-            by.setdefault(n, []).append(v)
-            est[n] = est.get(n, False) or bool(r.get("estimated"))
+        for n, seen in digest.ttfb_by_path.items():
+            by.setdefault(n, []).extend(seen)
+        est = digest.estimated_paths
         for i, (n, vals) in enumerate(by.items()):
             if vals:
                 series.append(Series(n, vals, i, _series_note(vals, est.get(n, False))))
         what = "per path (client-facing requests)"
     else:
-        vals = [v for _, _, r in reqs if (v := num(r.get("ttfb_ms"))) is not None]
-        any_est = any(r.get("estimated") for _, _, r in reqs)
+        vals = digest.ttfb
         if vals:
-            series.append(Series("all requests", vals, 0, _series_note(vals, any_est)))
+            series.append(Series("all requests", vals, 0,
+                                 _series_note(vals, digest.any_estimated)))
         what = "over all requests (no paths attributed)"
     if not series:
         return ('<section id="ttfb"><h2>Time to first byte</h2>'
@@ -993,22 +1067,13 @@ def _conn_title(c: dict[str, Any], n_req: int) -> str:
     return " · ".join(bits)
 
 
-def _waterfalls(doc: dict[str, Any]) -> str:
-    dns_of = attribute_dns(doc)
-    drawn = []
-    for order, c in enumerate(_l(doc.get("connections"))):
-        if not isinstance(c, dict):
-            continue
-        w = _conn_waterfall(c, dns_of.get(str(c.get("id"))), draw=False)
-        if w is not None:
-            drawn.append((w[0], order, c))
-    total = len(drawn)
-    drawn.sort(key=lambda t: -t[0])
+def _waterfalls(digest: _Digest, dns_of: dict[str, dict[str, Any]]) -> str:
+    total = digest.waterfalls.added
     shown = []
-    for key, order, c in sorted(drawn[:MAX_WATERFALLS], key=lambda t: t[1]):
+    for order, c in sorted(digest.waterfalls.best(), key=lambda t: t[0]):
         w = _conn_waterfall(c, dns_of.get(str(c.get("id"))))
         assert w is not None  # drawn: it had something to draw
-        shown.append((key, order, c, w[1]))
+        shown.append((w[0], order, c, w[1]))
     legend = _legend([("ph-dns", "DNS lookup"), ("ph-tcp", "TCP handshake"),
                       ("ph-tls", "TLS handshake"), ("ph-send", "request upload"),
                       ("ph-wait", "waiting for the first byte"),
@@ -1041,24 +1106,23 @@ def _waterfalls(doc: dict[str, Any]) -> str:
 # --- tables --------------------------------------------------------------------------
 
 
-def _slowest(doc: dict[str, Any]) -> str:
-    reqs = [(c, i, r) for c, i, r in _http_requests(doc) if num(r.get("ttfb_ms")) is not None]
-    if not reqs:
+def _slowest(doc: dict[str, Any], digest: _Digest) -> str:
+    total = digest.slowest.added
+    if not total:
         return ""
-    reqs.sort(key=lambda t: -(num(t[2].get("ttfb_ms")) or 0.0))
+    reqs = digest.slowest.best()
     t0 = num(_d(doc.get("capture")).get("first_ts"))
     head = [("start", True), ("conn.", False), ("request", False), ("authority", False),
             ("status", True), ("TTFB", True), ("total", True), ("response", True)]
     # headers column: "request + response" header counts, unfolded on click
-    with_paths = any(_path_name(c) for c, _, _ in reqs)
+    with_paths = digest.slowest_on_path
     if with_paths:
         head.append(("path", False))
-    with_headers = any(r.get("request_headers") or r.get("response_headers")
-                       for _, _, r in reqs)
+    with_headers = digest.slowest_with_headers
     if with_headers:
         head.append(("headers", False))
     rows = []
-    for c, i, r in reqs[:SLOWEST_REQUESTS]:
+    for c, i, r in reqs:
         label = clip(_req_label(r, i, mark=False), 80)
         if r.get("estimated"):
             label += " " + _badge("estimated", "b-est")
@@ -1071,8 +1135,8 @@ def _slowest(doc: dict[str, Any]) -> str:
                     + ([esc(_path_name(c) or "–")] if with_paths else [])
                     + ([_headers_cell(r)] if with_headers else []))
     return ('<section id="slowest"><h2>Slowest requests</h2>'
-            f'<p class="note" style="margin:0 0 8px">The {min(len(reqs), SLOWEST_REQUESTS)} '
-            f"longest times to first byte of {len(reqs)} requests.</p>"
+            f'<p class="note" style="margin:0 0 8px">The {len(reqs)} '
+            f"longest times to first byte of {total} requests.</p>"
             + _table(head, rows) + "</section>")
 
 
@@ -1093,13 +1157,19 @@ def _headers_cell(r: dict[str, Any]) -> str:
 
 
 def _dns_table(doc: dict[str, Any]) -> str:
-    recs = [d for d in _l(doc.get("dns")) if isinstance(d, dict)]
+    recs: list[dict[str, Any]] = []  # the first MAX_TABLE_ROWS
+    total = 0
+    for d in _records(doc.get("dns")):
+        if isinstance(d, dict):
+            total += 1
+            if len(recs) < MAX_TABLE_ROWS:
+                recs.append(d)
     t0 = num(_d(doc.get("capture")).get("first_ts"))
     head = [("start", True), ("name", False), ("type", False), ("rcode", False),
             ("answers", False), ("latency", True), ("server", False), ("via", False),
             ("retrans.", True)]
     rows = []
-    for d in recs[:MAX_TABLE_ROWS]:
+    for d in recs:
         answers = [str(a) for a in _l(d.get("answers"))]
         ans = ", ".join(answers[:6]) + (f" +{len(answers) - 6}" if len(answers) > 6 else "")
         ans = ans or "–"
@@ -1110,21 +1180,20 @@ def _dns_table(doc: dict[str, Any]) -> str:
                      f'<span class="mono">{clip(ans, 160)}</span>', esc(lat),
                      f'<span class="mono">{esc(d.get("server"))}</span>',
                      esc(d.get("transport")), _int(d.get("retransmissions"))])
-    more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(recs)} transactions; the '
-            "CSV and JSON reports have them all.</p>" if len(recs) > MAX_TABLE_ROWS else "")
+    more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {total} transactions; the '
+            "CSV and JSON reports have them all.</p>" if total > MAX_TABLE_ROWS else "")
     body = _table(head, rows) if rows else "<p>No DNS transaction in the capture.</p>"
     return f'<section id="dns"><h2>DNS</h2>{body}{more}</section>'
 
 
-def _conn_table(doc: dict[str, Any]) -> str:
-    conns = [c for c in _l(doc.get("connections")) if isinstance(c, dict)]
+def _conn_table(doc: dict[str, Any], digest: _Digest) -> str:
     t0 = num(_d(doc.get("capture")).get("first_ts"))
     head = [("id", False), ("start", True), ("client → server", False), ("SNI", False),
             ("TLS", False), ("protocol", False), ("path", False), ("TCP RTT", True),
             ("TLS hs", True), ("req.", True), ("bytes ↑ / ↓", True), ("retr. / rst", True),
             ("close", False)]
     rows = []
-    for c in conns[:MAX_TABLE_ROWS]:
+    for c in digest.table:
         tls = _d(c.get("tls"))
         tv = esc(tls.get("version") or ("–" if not tls else "?"))
         if tls.get("resumed"):
@@ -1146,20 +1215,26 @@ def _conn_table(doc: dict[str, Any]) -> str:
             f"{esc(_bytes(c.get('bytes_to_server')))} / {esc(_bytes(c.get('bytes_to_client')))}",
             f"{_int(c.get('retransmissions'))} / {_int(c.get('resets'))}",
             esc(c.get("close") or "–")])
-    more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(conns)} connections; the '
-            "CSV and JSON reports have them all.</p>" if len(conns) > MAX_TABLE_ROWS else "")
+    total = digest.connections
+    more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {total} connections; the '
+            "CSV and JSON reports have them all.</p>" if total > MAX_TABLE_ROWS else "")
     body = _table(head, rows) if rows else "<p>No TCP connection in the capture.</p>"
     return f'<section id="connections"><h2>Connections</h2>{body}{more}</section>'
 
 
-def _servers_text(doc: dict[str, Any]) -> str:
-    ips = {split_endpoint(c.get("server"))[0] for c in _l(doc.get("connections"))
-           if isinstance(c, dict)}
+def _servers_text(digest: _Digest) -> str:
+    ips = digest.servers
     return f"{len(ips)} server address{'es' if len(ips) != 1 else ''}"
 
 
-def render_html(doc: dict[str, Any], *, title: str | None = None) -> str:
-    """The whole report as one HTML document (a string; write it as UTF-8)."""
+def render_html(doc: dict[str, Any], *, title: str | None = None,
+                dns_of: dict[str, dict[str, Any]] | None = None) -> str:
+    """The whole report as one HTML document (a string; write it as UTF-8). ``dns_of``:
+    what :func:`~netdiag.report.har.attribute_dns` gives for ``doc``, where the caller
+    has it cheaper."""
+    if dns_of is None:
+        dns_of = attribute_dns(doc)
+    digest = _Digest(doc, dns_of)
     files = [str(f) for f in _l(_d(doc.get("capture")).get("files"))]
     if title is None:
         names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
@@ -1167,10 +1242,11 @@ def render_html(doc: dict[str, Any], *, title: str | None = None) -> str:
     body = [
         _header(doc, title),
         '<main class="wrap">',
-        _summary(doc), _groups(doc), _findings(doc), _paths(doc), _load(doc), _ttfb(doc),
-        _waterfalls(doc), _slowest(doc), _dns_table(doc), _conn_table(doc),
+        _summary(doc), _groups(doc), _findings(doc), _paths(doc), _load(doc),
+        _ttfb(doc, digest), _waterfalls(digest, dns_of), _slowest(doc, digest),
+        _dns_table(doc), _conn_table(doc, digest),
         f"<footer>netdiag {esc(doc.get('netdiag_version'))} · report contract "
-        f"{esc(doc.get('contract'))} · {esc(_servers_text(doc))} · times are capture "
+        f"{esc(doc.get('contract'))} · {esc(_servers_text(digest))} · times are capture "
         "timestamps; durations in milliseconds unless marked.</footer>",
         "</main>",
     ]

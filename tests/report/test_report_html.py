@@ -190,3 +190,59 @@ def test_title_is_escaped(doc_keys: dict[str, Any]) -> None:
     out = render_html(doc_keys, title="<b>x</b> & y")
     assert "<title>&lt;b&gt;x&lt;/b&gt; &amp; y</title>" in out
     assert "<h1>&lt;b&gt;x&lt;/b&gt; &amp; y</h1>" in out
+
+
+@pytest.mark.parametrize("size", [1, 3, 25, 200])
+def test_top_keeps_what_a_stable_sort_keeps(size: int) -> None:
+    """The slowest requests and connections are kept in one pass (``_Top``): the same
+    items, in the same order, as a stable sort by decreasing key cut to ``size``, ties
+    (many here) to the first seen."""
+    import random
+
+    from netdiag.report.html import _Top
+
+    rng = random.Random(size)
+    keys = [float(rng.randint(0, 20)) for _ in range(150)]
+    top = _Top(size)
+    for i, k in enumerate(keys):
+        top.add(k, i)
+    assert top.added == len(keys)
+    expected = sorted(range(len(keys)), key=lambda i: -keys[i])[:size]
+    assert top.best() == expected
+
+
+def test_a_lazy_document_gives_the_same_page(doc_keys: dict[str, Any]) -> None:
+    """``netdiag report --format html`` hands a document whose connections and DNS
+    transactions are made as they are read (``Records``): each connection is rendered
+    once, and the page is the plain document's, counts past the tables' caps included."""
+    import copy
+
+    from netdiag.report.html import MAX_TABLE_ROWS, SLOWEST_REQUESTS
+    from netdiag.report.json_out import Records
+
+    base = doc_keys["connections"]
+    conns = [dict(copy.deepcopy(base[i % len(base)]), id=f"C{i + 1}")
+             for i in range(MAX_TABLE_ROWS + 7)]
+    dns = [copy.deepcopy(doc_keys["dns"][i % len(doc_keys["dns"])])
+           for i in range(MAX_TABLE_ROWS + 3)]
+    doc = dict(doc_keys, connections=conns, dns=dns)
+    rendered: list[int] = []
+
+    def render(i: int) -> dict[str, Any]:
+        rendered.append(i)
+        return copy.deepcopy(conns[i])
+
+    lazy = dict(doc, connections=Records(list(range(len(conns))), render),
+                dns=Records(list(range(len(dns))), lambda i: copy.deepcopy(dns[i])))
+    from netdiag.report.har import attribute_dns, is_http
+
+    plain = render_html(doc)
+    made = render_html(lazy, dns_of=attribute_dns(doc))
+    assert made == plain
+    assert sorted(rendered) == list(range(len(conns)))  # each once
+    assert f"Showing {MAX_TABLE_ROWS} of {len(conns)} connections" in plain
+    assert f"Showing {MAX_TABLE_ROWS} of {len(dns)} transactions" in plain
+    timed = sum(1 for c in conns for r in c["requests"]
+                if is_http(c, r) and r.get("ttfb_ms") is not None)
+    assert timed > SLOWEST_REQUESTS
+    assert f"The {SLOWEST_REQUESTS} longest times to first byte of {timed} requests" in plain
