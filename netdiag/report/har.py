@@ -254,6 +254,8 @@ def request_url(conn: dict[str, Any], req: dict[str, Any]) -> str:
 
 
 def _query(url: str) -> list[dict[str, str]]:
+    if "?" not in url:  # no query to split (most requests)
+        return []
     try:
         q = urlsplit(url).query
         return [{"name": k, "value": v} for k, v in parse_qsl(q, keep_blank_values=True)]
