@@ -47,6 +47,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from netdiag.report.json_encode import Encode
 from netdiag.report.json_out import Encoded
+from netdiag.report.spill import TextSpill
 from netdiag.textsafe import print_warning
 
 ESTIMATED_COMMENT = "estimated from encrypted TLS record timing (no key log)"
@@ -379,10 +380,11 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
     ``warn`` gets one line when times had to be clamped (default: printed on standard
     error; None: only the HAR's comments say so). ``dns_of``: what
     :func:`attribute_dns` gives for ``doc``, where the caller has it cheaper.
-    ``encode``: where given, each entry is kept as its JSON text (``log.entries`` an
-    :class:`~netdiag.report.json_out.Encoded` list, for
-    :func:`~netdiag.report.json_out.write_json` with the same encoder), not as a dict
-    until the whole HAR is written: the text takes a fraction of the dict's memory."""
+    ``encode``: where given, each entry is kept as its JSON text, in a
+    :class:`~netdiag.report.spill.TextSpill` (on disk), not as a dict in memory until
+    the whole HAR is written; ``log.entries`` is then an
+    :class:`~netdiag.report.json_out.Encoded` list that reads them back in order, once,
+    for :func:`~netdiag.report.json_out.write_json` with the same encoder."""
     if dns_of is None:
         dns_of = attribute_dns(doc)
     cap = doc.get("capture") or {}
@@ -390,6 +392,7 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
     first_ts = _num(cap.get("first_ts"))
     page = "capture" if first_ts is not None else None
     entries: list[tuple[float, int, int, Any]] = []
+    spill = None if encode is None else TextSpill()
     estimated = clamped = 0
     for ci, conn in enumerate(doc.get("connections") or []):
         reqs = [r for r in conn.get("requests") or [] if is_http(conn, r)
@@ -403,7 +406,8 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
                     estimated += 1
                 if entry["_netdiag"].get("started_clamped"):
                     clamped += 1
-                entries.append((start, ci, i, entry if encode is None else encode(entry)))
+                entries.append((start, ci, i, entry if spill is None or encode is None
+                                else spill.add(encode(entry))))
     entries.sort(key=lambda t: t[:3])
     log: dict[str, Any] = {
         "version": "1.2",
@@ -419,7 +423,11 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
             "comment": "the whole capture; entries are its HTTP requests",
         }]
     in_order = [e for *_, e in entries]
-    log["entries"] = in_order if encode is None else Encoded(in_order)
+    if spill is None:
+        log["entries"] = in_order
+    else:
+        spill.done()
+        log["entries"] = Encoded(spill.read(in_order), len(in_order))
     notes = [f"measured by netdiag from packet capture {', '.join(files) or '(unnamed)'}"]
     if estimated:
         notes.append(f"{estimated} of {len(entries)} entries are {ESTIMATED_COMMENT}")

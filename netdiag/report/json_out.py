@@ -13,7 +13,7 @@ only the whitespace (and the spelling of numbers below 1e-4 or from 1e16 up) dif
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, Generic, TypeVar
 
 from netdiag.report.json_encode import Encode, compact_encoder
@@ -52,14 +52,16 @@ class Encoded:
     the encoder :func:`write_json` uses for list elements): written as they are, one a
     line."""
 
-    __slots__ = ("texts",)
+    __slots__ = ("count", "texts")
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: Iterable[str], count: int) -> None:
         self.texts = texts
-        """The elements' JSON texts, in order."""
+        """The elements' JSON texts, in order (an iterator is read once)."""
+        self.count = count
+        """How many there are."""
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return self.count
 
 
 def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:

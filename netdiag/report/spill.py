@@ -1,0 +1,131 @@
+"""Texts kept on disk until they are written, read back in any order.
+
+A format that must sort what it makes before writing it (HAR sorts its entries by
+start) would otherwise hold all of its output in memory at once, on top of the records:
+1.2 GB of entries at 10M packets. :class:`TextSpill` appends each text to an anonymous
+temporary file (``tempfile.TemporaryFile``, in ``TMPDIR``; it never appears in the file
+system and is gone when closed) and reads it back by number. Where no file can be
+written (no ``TMPDIR``, a full disk), it keeps the texts in memory instead, those
+already written included: the output is the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+BUFFER_BYTES = 1 << 20
+"""Texts gathered before a write to the file."""
+
+
+class TextSpill:
+    """Texts numbered in the order added (:meth:`add`), read back by number (:meth:`get`)
+    once :meth:`done`."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] | None = None
+        self._in_memory = False
+        """No file could be written: every text is in :attr:`_pending`."""
+        self._ends: list[int] = []
+        """Per text, the offset just after it, counted from the first text's start."""
+        self._pending = bytearray()
+        """The texts not in the file (all of them, :attr:`_in_memory`)."""
+        self._written = 0
+        """Bytes in the file."""
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the texts are in a file (else in memory)."""
+        return self._file is not None
+
+    def add(self, text: str) -> int:
+        """Keep ``text``; returns its number."""
+        self._pending += text.encode("utf-8", "surrogatepass")
+        self._ends.append(self._written + len(self._pending))
+        if len(self._pending) >= BUFFER_BYTES and not self._in_memory:
+            self._flush()
+        return len(self._ends) - 1
+
+    def _flush(self) -> None:
+        """The texts pending to the file; all into memory where it cannot be written."""
+        done = 0
+        failed = False
+        try:
+            if self._file is None:
+                # kept open across calls, closed by close()
+                self._file = tempfile.TemporaryFile(prefix="netdiag-texts-")  # noqa: SIM115
+            fd = self._file.fileno()
+            with memoryview(self._pending) as view:
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+        except OSError:
+            failed = True
+        # past the handler: no view of the buffer is left (its traceback held one)
+        self._written += done
+        del self._pending[:done]
+        if failed:
+            self._to_memory()
+
+    def _to_memory(self) -> None:
+        kept = b""
+        if self._file is not None:
+            try:
+                kept = _read(self._file.fileno(), self._written, 0)
+            finally:
+                self._file.close()
+                self._file = None
+        self._pending[:0] = kept
+        self._written = 0
+        self._in_memory = True
+
+    def done(self) -> None:
+        """Nothing more is added. Texts that never filled a buffer stay in memory."""
+        if self._file is None:
+            self._in_memory = True
+        elif self._pending:
+            self._flush()
+
+    def get(self, n: int) -> str:
+        """Text number ``n`` (after :meth:`done`)."""
+        start = self._ends[n - 1] if n else 0
+        end = self._ends[n]
+        if self._in_memory:
+            return self._pending[start:end].decode("utf-8", "surrogatepass")
+        assert self._file is not None
+        # the text alone, not a span around it: read out of file order (a connection's
+        # requests spread over the whole capture), a span would be read again and again
+        data = _read(self._file.fileno(), end - start, start)
+        return data.decode("utf-8", "surrogatepass")
+
+    def read(self, numbers: Iterable[int]) -> Iterator[str]:
+        """The texts of ``numbers``, in that order (after :meth:`done`); the file is let
+        go after the last, or when the reading is abandoned."""
+        try:
+            for n in numbers:
+                yield self.get(n)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let the file go, and its space."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _read(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes of ``fd`` from ``offset`` (fewer at the end of the file)."""
+    parts = []
+    while size > 0:
+        part = os.pread(fd, size, offset)
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+        offset += len(part)
+    return b"".join(parts)

@@ -1,0 +1,78 @@
+"""Texts kept on disk until written (``TextSpill``): the same texts back, in any order,
+whether they went to a file, stayed in memory, or fell back to memory half way."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from typing import Any
+
+import pytest
+
+from netdiag.report import spill as spill_mod
+from netdiag.report.spill import TextSpill
+
+TEXTS = [f'{{"n":{i},"s":"{"é☃" * (i % 7)}{"x" * (i * 37 % 300)}"}}' for i in range(400)]
+TEXTS += ["", "\ud800 lone surrogate", "\U0001f600 astral"]
+
+
+def _order() -> list[int]:
+    order = list(range(len(TEXTS)))
+    random.Random(7).shuffle(order)
+    return order
+
+
+def _fill(spill: TextSpill) -> None:
+    for i, t in enumerate(TEXTS):
+        assert spill.add(t) == i
+    spill.done()
+    assert len(spill) == len(TEXTS)
+
+
+@pytest.mark.parametrize("buffer", [64, 1 << 20])
+def test_texts_come_back_in_any_order(monkeypatch: pytest.MonkeyPatch, buffer: int) -> None:
+    monkeypatch.setattr(spill_mod, "BUFFER_BYTES", buffer)
+    spill = TextSpill()
+    _fill(spill)
+    # a small buffer sends them to a file, a large one keeps these few in memory
+    assert spill.on_disk is (buffer == 64)
+    order = _order()
+    assert list(spill.read(order)) == [TEXTS[n] for n in order]
+    assert not spill.on_disk  # the file let go after the last
+
+
+def test_no_file_keeps_them_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spill_mod, "BUFFER_BYTES", 64)
+
+    def no_file(*_a: Any, **_k: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+    spill = TextSpill()
+    _fill(spill)
+    assert not spill.on_disk
+    assert [spill.get(n) for n in _order()] == [TEXTS[n] for n in _order()]
+
+
+def test_a_full_disk_half_way_reads_back_what_was_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file takes some texts, then a write fails part way (a full disk): the texts
+    written so far are read back into memory, and none is lost or doubled."""
+    monkeypatch.setattr(spill_mod, "BUFFER_BYTES", 256)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def write(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 5:  # a short write first, then the disk is full
+            return real_write(fd, bytes(data[:10]))
+        if calls["n"] > 5:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(spill_mod.os, "write", write)
+    spill = TextSpill()
+    _fill(spill)
+    assert calls["n"] > 5 and not spill.on_disk
+    assert list(spill.read(_order())) == [TEXTS[n] for n in _order()]
