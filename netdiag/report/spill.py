@@ -112,10 +112,12 @@ class TextSpill:
             self.close()
 
     def close(self) -> None:
-        """Let the file go, and its space."""
+        """Let the texts go: the file and its space, or the memory that held them."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._pending = bytearray()
+        self._ends = []
 
 
 def _read(fd: int, size: int, offset: int) -> bytes:

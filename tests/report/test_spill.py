@@ -76,3 +76,12 @@ def test_a_full_disk_half_way_reads_back_what_was_written(
     _fill(spill)
     assert calls["n"] > 5 and not spill.on_disk
     assert list(spill.read(_order())) == [TEXTS[n] for n in _order()]
+
+
+def test_closed_it_holds_nothing() -> None:
+    spill = TextSpill()
+    _fill(spill)
+    assert list(spill.read([2, 0])) == [TEXTS[2], TEXTS[0]]
+    assert len(spill) == 0
+    with pytest.raises(IndexError):
+        spill.get(0)
