@@ -43,7 +43,7 @@ as it is, for a program that reads the files back.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +211,13 @@ def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> N
             w.writerow(cells)
 
 
+def _dns_dicts(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The rows of ``dns.csv``, one at a time."""
+    return (dict(d) for d in doc.get("dns") or [])
+
+
 def dns_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [dict(d) for d in doc.get("dns") or []]
+    return list(_dns_dicts(doc))
 
 
 def _connection_row(c: dict[str, Any]) -> dict[str, Any]:
@@ -332,7 +337,7 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
         _write(path, header, rows, excel_safe)
         out.append(path)
 
-    rows = Rows(map(dict, doc.get("dns") or []))  # dns_rows(doc), one row at a time
+    rows = Rows(_dns_dicts(doc))
     table("dns.csv", columns(rows.shapes, DNS_COLUMNS), rows)
     rows, requests = connection_and_request_rows(doc)
     table("connections.csv", columns(rows.shapes, CONNECTION_COLUMNS), rows)
