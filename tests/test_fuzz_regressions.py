@@ -66,8 +66,6 @@ def test_every_target_takes_junk(name: str, data: bytes) -> None:
     TARGETS[name](data)
 
 
-
-
 @pytest.mark.parametrize("path", _cli_inputs(), ids=lambda p: p.name)
 def test_cli_regression_capture_never_exits_4(path: Path, tmp_path: Path) -> None:
     env = dict(os.environ, NETDIAG_DEBUG="1")

@@ -382,18 +382,22 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     if fmt == "json":
         write_json(doc, out)
     elif fmt in ("har", "html"):
-        from netdiag.report.har import attribute_dns, build_har
-        from netdiag.report.html import render_html
-        from netdiag.report.json_encode import compact_encoder
+        from netdiag.report.har import attribute_dns
 
         dns_of = None
         if isinstance(lazy, Records):  # the DNS lookups need no request: outlines only
             dns_of = attribute_dns({**doc, "connections": Records(
                 lazy.items, lambda c: c.to_json(with_requests=False))})
         if fmt == "html":
+            from netdiag.report.html import render_html
+
             out.write(render_html(doc, dns_of=dns_of))
         else:
-            # the entries kept as text until written, each by the encoder write_json uses
+            from netdiag.report.har import build_har
+            from netdiag.report.json_encode import compact_encoder
+
+            # the entries kept as JSON text (in a temporary file) until written, each by
+            # the encoder write_json uses
             har = build_har(doc, dns_of=dns_of,
                             encode=compact_encoder(ensure_ascii=False, check_circular=False))
             if "groups" in doc:
