@@ -35,11 +35,11 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from netdiag.lab.h2client import OnHeaders, UpstreamError, _writable
-from netdiag.lab.h2server import StreamGone
+from netdiag.lab.h2client import Answer, OnHeaders, UpstreamError, _writable
+from netdiag.lab.h2server import RequestHead, StreamGone
 from netdiag.lab.sockets import bound_socket
 
 log = logging.getLogger("netdiag.lab.h1")
@@ -149,13 +149,13 @@ def _framing(fields: list[tuple[str, str]]) -> tuple[int | None, bool]:
 # ---------------------------------------------------------------------- server
 
 
-class H1Stream:
+class H1Stream(RequestHead):
     """One HTTP/1.1 request on a server connection, with the HTTP/2 ``Stream`` interface."""
 
     def __init__(self, proto: H1ServerProtocol, ordinal: int, method: str, target: str,
                  fields: list[tuple[str, str]], keep_alive: bool, t_headers: float,
                  wall: int) -> None:
-        self.proto = proto
+        self.proto: H1ServerProtocol = proto
         self.ordinal = ordinal
         """0-based position of the request on its connection."""
         self.stream_id: int | None = None
@@ -175,29 +175,6 @@ class H1Stream:
         self.gone = False
         self._chunked = False
         self._sent_head = False
-
-    def header(self, name: str) -> str | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-    @property
-    def method(self) -> str:
-        return self.header(":method") or ""
-
-    @property
-    def path(self) -> str:
-        return self.header(":path") or ""
-
-    @property
-    def ended(self) -> bool:
-        """The request body is complete."""
-        return self._ended.is_set()
-
-    @property
-    def local(self) -> tuple[str, int]:
-        return self.proto.local
 
     @property
     def answered(self) -> bool:
@@ -469,26 +446,17 @@ async def start_http_server(handler: Handler, socks: list[socket.socket],
 # ---------------------------------------------------------------------- client
 
 
-class H1Exchange:
+class H1Exchange(Answer):
     """One request on an :class:`H1ClientConnection` and its answer (``Exchange``'s API)."""
 
     def __init__(self, conn: H1ClientConnection, ordinal: int,
                  on_headers: OnHeaders | None) -> None:
-        loop = asyncio.get_running_loop()
-        self.conn = conn
+        super().__init__(on_headers)
+        self.conn: H1ClientConnection = conn
         self.ordinal = ordinal
         """0-based position of the request on its connection."""
         self.stream_id: int | None = None
-        self.on_headers = on_headers
-        self.headers: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
-        self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
         self.complete = False
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.headers.done():
-            self.headers.set_exception(exc)
-            self.headers.exception()
-        self.chunks.put_nowait(exc)
 
     def cancel(self) -> None:
         """The answer is no longer wanted: the connection cannot be reused, close it."""
@@ -497,24 +465,6 @@ class H1Exchange:
 
     def send_body(self, body: bytes) -> None:  # pragma: no cover - the body goes in start()
         raise UpstreamError("HTTP/1.1 requests are sent whole")
-
-    async def response(self) -> tuple[int, list[tuple[str, str]]]:
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.headers), self.conn.timeout)
-        except TimeoutError as exc:
-            raise UpstreamError("no answer from upstream in time") from exc
-
-    async def body(self) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                item = await asyncio.wait_for(self.chunks.get(), self.conn.timeout)
-            except TimeoutError as exc:
-                raise UpstreamError("upstream body stalled") from exc
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
 
 
 class H1ClientConnection(asyncio.Protocol):

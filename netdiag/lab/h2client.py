@@ -21,6 +21,7 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import h2.config
 import h2.connection
@@ -47,16 +48,21 @@ async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_writer(fd)
 
 
-class Exchange:
-    """One request on an :class:`H2ClientConnection` and its answer."""
+class _Timed(Protocol):
+    timeout: float
+    """Seconds to wait for an answer's head, and between its chunks."""
 
-    def __init__(self, conn: H2ClientConnection, stream_id: int,
-                 on_headers: OnHeaders | None) -> None:
+
+class Answer:
+    """The answer to one upstream request as its connection delivers it: the head
+    (status, headers) once, then the body chunk by chunk, ``None`` at its end, or the
+    exception that ended it. Waits for each at most ``conn.timeout`` seconds.
+    :class:`Exchange` (HTTP/2) and ``netdiag.lab.h1.H1Exchange`` (HTTP/1.1) are one."""
+
+    conn: _Timed
+
+    def __init__(self, on_headers: OnHeaders | None) -> None:
         loop = asyncio.get_running_loop()
-        self.conn = conn
-        self.stream_id = stream_id
-        self.ordinal: int | None = None
-        """HTTP/1.1 requests count; HTTP/2 ones have a stream id."""
         self.on_headers = on_headers
         self.headers: asyncio.Future[tuple[int, list[tuple[str, str]]]] = loop.create_future()
         self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
@@ -66,6 +72,38 @@ class Exchange:
             self.headers.set_exception(exc)
             self.headers.exception()  # retrieved: no "never retrieved" noise
         self.chunks.put_nowait(exc)
+
+    async def response(self) -> tuple[int, list[tuple[str, str]]]:
+        """(status, headers) of the answer."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.headers), self.conn.timeout)
+        except TimeoutError as exc:
+            raise UpstreamError("no answer from upstream in time") from exc
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The answer's body, chunk by chunk as it arrives."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self.chunks.get(), self.conn.timeout)
+            except TimeoutError as exc:
+                raise UpstreamError("upstream body stalled") from exc
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class Exchange(Answer):
+    """One request on an :class:`H2ClientConnection` and its answer."""
+
+    def __init__(self, conn: H2ClientConnection, stream_id: int,
+                 on_headers: OnHeaders | None) -> None:
+        super().__init__(on_headers)
+        self.conn: H2ClientConnection = conn
+        self.stream_id = stream_id
+        self.ordinal: int | None = None
+        """HTTP/1.1 requests count; HTTP/2 ones have a stream id."""
 
     def cancel(self) -> None:
         """Reset the stream (the answer is no longer wanted) and forget it."""
@@ -77,26 +115,6 @@ class Exchange:
     def send_body(self, body: bytes) -> None:
         """The request body (after ``start(..., end_stream=False)``), ending the stream."""
         self.conn.send_data(self.stream_id, body)
-
-    async def response(self) -> tuple[int, list[tuple[str, str]]]:
-        """(status, headers) of the answer."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.headers), self.conn.timeout)
-        except TimeoutError as exc:
-            raise UpstreamError("no answer from upstream in time") from exc
-
-    async def body(self) -> AsyncIterator[bytes]:
-        """The answer's body, chunk by chunk as DATA frames arrive."""
-        while True:
-            try:
-                item = await asyncio.wait_for(self.chunks.get(), self.conn.timeout)
-            except TimeoutError as exc:
-                raise UpstreamError("upstream body stalled") from exc
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
 
 
 class H2ClientConnection(asyncio.Protocol):

@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import h2.config
 import h2.connection
@@ -32,12 +32,51 @@ class StreamGone(Exception):
     """The client reset the stream or the connection went away."""
 
 
-class Stream:
+class _Served(Protocol):
+    local: tuple[str, int]
+    """The server's own address and port on the connection."""
+
+
+class RequestHead:
+    """What a server's handler reads of a request's head, the same for an HTTP/2
+    :class:`Stream` and an HTTP/1.1 ``netdiag.lab.h1.H1Stream``: its header fields,
+    pseudo-headers included, in order."""
+
+    headers: list[tuple[str, str]]
+    proto: _Served
+    _ended: asyncio.Event
+
+    def header(self, name: str) -> str | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+    @property
+    def method(self) -> str:
+        return self.header(":method") or ""
+
+    @property
+    def path(self) -> str:
+        return self.header(":path") or ""
+
+    @property
+    def ended(self) -> bool:
+        """The request body is complete (HTTP/2: END_STREAM seen)."""
+        return self._ended.is_set()
+
+    @property
+    def local(self) -> tuple[str, int]:
+        """The server's own address and port on this connection."""
+        return self.proto.local
+
+
+class Stream(RequestHead):
     """One request: headers (as received), body, and a way to answer."""
 
     def __init__(self, proto: H2ServerProtocol, stream_id: int, headers: list[tuple[str, str]],
                  t_headers: float) -> None:
-        self.proto = proto
+        self.proto: H2ServerProtocol = proto
         self.id = stream_id
         self.headers = headers
         self.t_headers = t_headers
@@ -58,29 +97,6 @@ class Stream:
     def ordinal(self) -> int | None:
         """HTTP/1.1 requests have an ordinal; HTTP/2 ones a stream id."""
         return None
-
-    def header(self, name: str) -> str | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-    @property
-    def method(self) -> str:
-        return self.header(":method") or ""
-
-    @property
-    def path(self) -> str:
-        return self.header(":path") or ""
-
-    @property
-    def ended(self) -> bool:
-        """The request is complete (END_STREAM seen)."""
-        return self._ended.is_set()
-
-    @property
-    def local(self) -> tuple[str, int]:
-        return self.proto.local
 
     async def body(self) -> bytes:
         """The whole request body (waits for END_STREAM)."""
