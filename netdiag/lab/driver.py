@@ -48,7 +48,7 @@ import dns.rdatatype
 
 from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
-from netdiag.lab.h2client import H2ClientConnection, UpstreamError
+from netdiag.lab.h2client import H2ClientConnection, UpstreamError, open_shared
 from netdiag.lab.sockets import bound_socket
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
@@ -228,16 +228,8 @@ class _RampPool:
                 asyncio.get_running_loop().create_future())
             self._opening = fut
             try:
-                try:
-                    sock = bound_socket(self.source)
-                except OSError as exc:
-                    raise UpstreamError(f"cannot bind {self.source}: {exc}") from exc
-                conn = await H2ClientConnection.open(self.ip, self.port, self.sni, self.ctx,
-                                                     sock, self.timeout)
-            except BaseException as exc:
-                fut.set_exception(exc)
-                fut.exception()  # retrieved: no "never retrieved" noise
-                raise
+                conn = await open_shared(fut, self.source, self.ip, self.port, self.sni,
+                                         self.ctx, self.timeout)
             finally:
                 self._opening = None
             self.conns.append(conn)

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import re
 import socket
 import ssl
@@ -38,7 +36,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from netdiag.lab.h2client import Answer, OnHeaders, UpstreamError, _writable
+from netdiag.lab.h2client import Answer, OnHeaders, UpstreamError, connect
 from netdiag.lab.h2server import RequestHead, StreamGone
 from netdiag.lab.sockets import bound_socket
 
@@ -491,22 +489,12 @@ class H1ClientConnection(asyncio.Protocol):
     async def open(cls, ip: str, port: int, sni: str | None, ctx: ssl.SSLContext | None,
                    sock: socket.socket, timeout: float) -> H1ClientConnection:
         """Connect ``sock`` (see ``bound_socket``) to ``ip:port``, TLS if ``ctx``."""
-        err = sock.connect_ex((ip, port))
-        loop = asyncio.get_running_loop()
-        self = cls(timeout)
-        self.server = f"{ip}:{port}"
-        try:
-            if err == errno.EINPROGRESS:
-                await asyncio.wait_for(_writable(loop, sock), timeout)
-                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err not in (0, errno.EISCONN):
-                raise OSError(err, os.strerror(err))
-            await asyncio.wait_for(loop.create_connection(
-                lambda: self, sock=sock, ssl=ctx, server_hostname=sni if ctx else None),
-                timeout)
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            sock.close()
-            raise UpstreamError(f"cannot connect to {sni or ip} ({ip}:{port}): {exc!r}") from exc
+        def made() -> H1ClientConnection:
+            conn = cls(timeout)
+            conn.server = f"{ip}:{port}"
+            return conn
+
+        self = await connect(made, sock, ip, port, sni, ctx, timeout)
         assert self.transport is not None
         if ctx is not None:
             ssl_object = self.transport.get_extra_info("ssl_object")

@@ -21,7 +21,7 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import h2.config
 import h2.connection
@@ -46,6 +46,34 @@ async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await fut
     finally:
         loop.remove_writer(fd)
+
+
+P = TypeVar("P", bound=asyncio.Protocol)
+
+
+async def connect(made: Callable[[], P], sock: socket.socket, ip: str, port: int,
+                  sni: str | None, ctx: ssl.SSLContext | None, timeout: float) -> P:
+    """Connect ``sock`` (non-blocking, see :func:`bound_socket`) to ``ip:port`` and run
+    the protocol ``made()`` returns on it, TLS (server name ``sni``) if ``ctx``. The SYN
+    leaves before the protocol is made, and both before this coroutine first yields.
+    Where it cannot connect in ``timeout`` seconds, ``sock`` is closed and
+    :class:`UpstreamError` raised."""
+    err = sock.connect_ex((ip, port))
+    loop = asyncio.get_running_loop()
+    proto = made()
+    try:
+        if err == errno.EINPROGRESS:
+            await asyncio.wait_for(_writable(loop, sock), timeout)
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err not in (0, errno.EISCONN):
+            raise OSError(err, os.strerror(err))
+        await asyncio.wait_for(loop.create_connection(
+            lambda: proto, sock=sock, ssl=ctx, server_hostname=sni if ctx else None),
+            timeout)
+    except (OSError, ssl.SSLError, TimeoutError) as exc:
+        sock.close()
+        raise UpstreamError(f"cannot connect to {sni or ip} ({ip}:{port}): {exc!r}") from exc
+    return proto
 
 
 class _Timed(Protocol):
@@ -146,22 +174,12 @@ class H2ClientConnection(asyncio.Protocol):
         on_headers) is sent with the connection preface, in the callback that sees the
         handshake complete, as browsers, curl and httpx do; it is then ``self.first``.
         """
-        err = sock.connect_ex((ip, port))
-        loop = asyncio.get_running_loop()
-        self = cls(timeout)
-        self._first = first
-        try:
-            if err == errno.EINPROGRESS:
-                await asyncio.wait_for(_writable(loop, sock), timeout)
-                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err not in (0, errno.EISCONN):
-                raise OSError(err, os.strerror(err))
-            await asyncio.wait_for(loop.create_connection(
-                lambda: self, sock=sock, ssl=ctx, server_hostname=sni if ctx else None),
-                timeout)
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            sock.close()
-            raise UpstreamError(f"cannot connect to {sni or ip} ({ip}:{port}): {exc!r}") from exc
+        def made() -> H2ClientConnection:
+            conn = cls(timeout)
+            conn._first = first
+            return conn
+
+        self = await connect(made, sock, ip, port, sni, ctx, timeout)
         assert self.transport is not None
         if ctx is not None:
             ssl_object = self.transport.get_extra_info("ssl_object")
@@ -391,16 +409,8 @@ class H2Pool:
         fut: asyncio.Future[H2ClientConnection] = asyncio.get_running_loop().create_future()
         self._opening = fut
         try:
-            try:
-                sock = bound_socket(self.source_ip)
-            except OSError as exc:
-                raise UpstreamError(f"cannot bind {self.source_ip}: {exc}") from exc
-            conn = await H2ClientConnection.open(self.ip, self.port, self.sni, self.ctx,
-                                                 sock, self.timeout)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: no "never retrieved" noise
-            raise
+            conn = await open_shared(fut, self.source_ip, self.ip, self.port, self.sni,
+                                     self.ctx, self.timeout)
         finally:
             self._opening = None
         self.conn = conn
@@ -414,3 +424,21 @@ class H2Pool:
         conns = [c for c in (*self._old, self.conn) if c is not None]
         self.conn, self._old = None, []
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+
+
+async def open_shared(fut: asyncio.Future[H2ClientConnection], source: str, ip: str,
+                      port: int, sni: str | None, ctx: ssl.SSLContext | None,
+                      timeout: float) -> H2ClientConnection:
+    """An :class:`H2ClientConnection` to ``ip:port`` from a socket bound to ``source``
+    (:func:`bound_socket`), opened for the requests waiting on ``fut``: where it fails,
+    ``fut`` gets the error too (marked retrieved) and it is raised here."""
+    try:
+        try:
+            sock = bound_socket(source)
+        except OSError as exc:
+            raise UpstreamError(f"cannot bind {source}: {exc}") from exc
+        return await H2ClientConnection.open(ip, port, sni, ctx, sock, timeout)
+    except BaseException as exc:
+        fut.set_exception(exc)
+        fut.exception()  # retrieved: no "never retrieved" noise
+        raise
