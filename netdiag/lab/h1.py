@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netdiag.lab.h2client import Answer, OnHeaders, UpstreamError, connect
-from netdiag.lab.h2server import RequestHead, StreamGone
+from netdiag.lab.h2server import RequestHead, ServerConnection, StreamGone
 from netdiag.lab.sockets import bound_socket
 
 log = logging.getLogger("netdiag.lab.h1")
@@ -224,7 +224,7 @@ class H1Stream(RequestHead):
         self._answered.set()
 
 
-class H1ServerProtocol(asyncio.Protocol):
+class H1ServerProtocol(ServerConnection):
     """One server-side HTTP/1.1 connection; requests handled one at a time, in order."""
 
     def __init__(self, handler: Handler, connections: set[Any] | None = None,
@@ -250,22 +250,9 @@ class H1ServerProtocol(asyncio.Protocol):
         self.streams: dict[int, H1Stream] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        loop = asyncio.get_running_loop()
-        self._arrival = loop.time()  # bytes read in this callback arrived when it began
-        self._arrival_wall = time.time_ns()
-        loop.call_soon(self._forget_arrival)
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.local = tuple(transport.get_extra_info("sockname")[:2])  # type: ignore[assignment]
-        self.peer = tuple(transport.get_extra_info("peername")[:2])  # type: ignore[assignment]
+        self._accepted(transport)  # bytes read in this callback arrived when it began
         if self.connections is not None:
             self.connections.add(self)
-
-    def _forget_arrival(self) -> None:
-        self._arrival = None
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closing:

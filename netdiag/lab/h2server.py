@@ -139,7 +139,40 @@ class Stream(RequestHead):
 Handler = Callable[[Stream], Awaitable[None]]
 
 
-class H2ServerProtocol(asyncio.Protocol):
+class ServerConnection(asyncio.Protocol):
+    """What the lab's HTTP/2 and HTTP/1.1 server connections (``netdiag.lab.h1``)
+    share: their ends, and when the bytes read in the callback that accepted them
+    arrived."""
+
+    transport: asyncio.Transport | None
+    local: tuple[str, int]
+    peer: tuple[str, int]
+    _arrival: float | None
+    """Loop time when the current callback began (bytes read in it arrived then);
+    None outside the callback that accepted the connection."""
+    _arrival_wall: int
+    """Wall clock (``time.time_ns()``) of that same moment."""
+
+    def _accepted(self, transport: asyncio.BaseTransport) -> None:
+        """The start of ``connection_made``: the arrival time first, then the ends, with
+        Nagle's algorithm off."""
+        loop = asyncio.get_running_loop()
+        self._arrival = loop.time()
+        self._arrival_wall = time.time_ns()
+        loop.call_soon(self._forget_arrival)
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.local = tuple(transport.get_extra_info("sockname")[:2])  # type: ignore[assignment]
+        self.peer = tuple(transport.get_extra_info("peername")[:2])  # type: ignore[assignment]
+
+    def _forget_arrival(self) -> None:
+        self._arrival = None
+
+
+class H2ServerProtocol(ServerConnection):
     """One server-side connection; each request runs ``handler(stream)`` in a task."""
 
     def __init__(self, handler: Handler, connections: set[H2ServerProtocol] | None = None,
@@ -170,17 +203,7 @@ class H2ServerProtocol(asyncio.Protocol):
         # Requests sent in the same flight as the client's Finished (browsers, curl,
         # httpx, our router) are read in this very callback, after the handshake's
         # own work: they arrived when it began.
-        loop = asyncio.get_running_loop()
-        self._arrival = loop.time()
-        self._arrival_wall = time.time_ns()
-        loop.call_soon(self._forget_arrival)
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.local = tuple(transport.get_extra_info("sockname")[:2])  # type: ignore[assignment]
-        self.peer = tuple(transport.get_extra_info("peername")[:2])  # type: ignore[assignment]
+        self._accepted(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
             transport.close()  # the lab speaks HTTP/2 only
@@ -194,9 +217,6 @@ class H2ServerProtocol(asyncio.Protocol):
             if grow > 0:
                 self.conn.increment_flow_control_window(grow)
         self.flush()
-
-    def _forget_arrival(self) -> None:
-        self._arrival = None
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
