@@ -43,11 +43,13 @@ as it is, for a program that reads the files back.
 from __future__ import annotations
 
 import csv
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from netdiag.report.json_encode import compact_encoder
+from netdiag.report.spill import BatchSpill
 
 DNS_COLUMNS = ("ts", "client", "server", "transport", "id", "qname", "qtype", "rcode",
                "answers", "latency_ms", "retransmissions", "responses", "truncated")
@@ -147,20 +149,29 @@ def defuse(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
-class Rows:
-    """A table's rows kept as their values: the keys of a row are one tuple, shared by
-    every row with the same keys (a flattened row's dict took several times the memory
-    of its values, and a big capture's rows are all kept until the header is known)."""
+ROWS_BATCH = 8192
+"""Rows of a table kept in memory at once; each full batch goes to a
+:class:`~netdiag.report.spill.BatchSpill` until the header is known."""
 
-    __slots__ = ("keys", "shapes", "values")
+
+class Rows:
+    """A table's rows, kept until every column is known: each row as the number of its
+    keys' tuple (one tuple per distinct set and order of keys, :attr:`shapes`) and the
+    tuple of its values, a batch of :data:`ROWS_BATCH` at a time pickled in a temporary
+    file (a big capture's rows took as much memory as its records). Iterating gives
+    ``(keys, values)`` per row, in the order added."""
+
+    __slots__ = ("_count", "_keys", "_spill", "_values", "shapes")
 
     def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
-        self.shapes: dict[tuple[str, ...], tuple[str, ...]] = {}
-        """Each distinct tuple of keys, once."""
-        self.keys: list[tuple[str, ...]] = []
-        """Per row, its keys (one of :attr:`shapes`)."""
-        self.values: list[tuple[Any, ...]] = []
-        """Per row, its values in the order of its keys."""
+        self.shapes: dict[tuple[str, ...], int] = {}
+        """Each distinct tuple of keys, with its number."""
+        self._keys: list[int] = []
+        """The rows not yet spilled: each one's number of its keys in :attr:`shapes`."""
+        self._values: list[tuple[Any, ...]] = []
+        """The rows not yet spilled: each one's values, in the order of its keys."""
+        self._spill = BatchSpill()
+        self._count = 0
         for r in rows:
             self.append(r)
 
@@ -168,12 +179,27 @@ class Rows:
         keys = tuple(row)
         shape = self.shapes.get(keys)
         if shape is None:
-            shape = self.shapes[keys] = keys
-        self.keys.append(shape)
-        self.values.append(tuple(row.values()))
+            shape = self.shapes[keys] = len(self.shapes)
+        self._keys.append(shape)
+        self._values.append(tuple(row.values()))
+        self._count += 1
+        if len(self._values) >= ROWS_BATCH:
+            self._spill.add((self._keys, self._values))
+            self._keys, self._values = [], []
 
     def __len__(self) -> int:
-        return len(self.values)
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[tuple[str, ...], tuple[Any, ...]]]:
+        by_number = list(self.shapes)
+        for keys, values in itertools.chain(self._spill, ((self._keys, self._values),)):
+            for k, v in zip(keys, values, strict=True):
+                yield by_number[k], v
+
+    def close(self) -> None:
+        """Let the rows go (the spilled ones' file too)."""
+        self._spill.close()
+        self._keys, self._values = [], []
 
 
 def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> None:
@@ -186,7 +212,7 @@ def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> N
         place = {k: i for i, k in enumerate(header)}
         empty: list[Any] = [None] * len(place)
         places: dict[tuple[str, ...], list[int]] = {}  # per shape: each key's column
-        for keys, values in zip(rows.keys, rows.values, strict=True):
+        for keys, values in rows:
             at = places.get(keys)
             if at is None:
                 # -1: the parent of flattened columns of other rows, not a column
@@ -334,7 +360,10 @@ def write_csv(doc: dict[str, Any], outdir: Path, *, excel_safe: bool = True
 
     def table(name: str, header: list[str], rows: Rows) -> None:
         path = outdir / name
-        _write(path, header, rows, excel_safe)
+        try:
+            _write(path, header, rows, excel_safe)
+        finally:
+            rows.close()
         out.append(path)
 
     rows = Rows(_dns_dicts(doc))

@@ -1,4 +1,5 @@
-"""Texts kept on disk until they are written, read back in any order.
+"""Output kept on disk until it is written: texts read back in any order, batches of
+values read back in order.
 
 A format that must sort what it makes before writing it (HAR sorts its entries by
 start) would otherwise hold all of its output in memory at once, on top of the records:
@@ -7,14 +8,19 @@ temporary file (``tempfile.TemporaryFile``, in ``TMPDIR``; it never appears in t
 system and is gone when closed) and reads it back by number. Where no file can be
 written (no ``TMPDIR``, a full disk), it keeps the texts in memory instead, those
 already written included: the output is the same either way.
+
+CSV must know every column before it writes a row, so it holds its rows until the last
+one is made: as much again as the records at 1M packets. :class:`BatchSpill` keeps
+batches of them pickled in such a file instead, and gives them back in order.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from collections.abc import Iterable, Iterator
-from typing import IO
+from typing import IO, Any
 
 BUFFER_BYTES = 1 << 20
 """Texts gathered before a write to the file."""
@@ -131,3 +137,89 @@ def _read(fd: int, size: int, offset: int) -> bytes:
         size -= len(part)
         offset += len(part)
     return b"".join(parts)
+
+
+class BatchSpill:
+    """Batches of values (anything ``pickle`` keeps exactly), added in order and read
+    back in that order (:meth:`__iter__`), pickled in an anonymous temporary file
+    meanwhile; in memory, still pickled, where no file can be written."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] | None = None
+        self._sizes: list[int] = []
+        """The pickled size of each batch in the file, in order."""
+        self._memory: list[bytes] | None = None
+        """Every batch pickled, where the file could not be written (else None)."""
+        self._end = 0
+        """Bytes of the whole batches in the file."""
+
+    def __len__(self) -> int:
+        """Batches added."""
+        return len(self._sizes) if self._memory is None else len(self._memory)
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the batches are in a file (else in memory)."""
+        return self._file is not None
+
+    def add(self, batch: Any) -> None:
+        data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+        if self._memory is None:
+            failed = False
+            try:
+                if self._file is None:
+                    # kept open across calls, closed by close()
+                    self._file = tempfile.TemporaryFile(prefix="netdiag-rows-")  # noqa: SIM115
+                fd = self._file.fileno()
+                offset = self._end
+                with memoryview(data) as view:
+                    done = 0
+                    while done < len(view):
+                        done += os.pwrite(fd, view[done:], offset + done)
+            except OSError:
+                failed = True
+            if not failed:
+                self._sizes.append(len(data))
+                self._end = offset + len(data)
+                return
+            self._to_memory()
+        assert self._memory is not None
+        self._memory.append(data)
+
+    def _to_memory(self) -> None:
+        """The whole batches written so far into memory; a part written of the batch
+        being added is dropped (it is kept in memory with the later ones)."""
+        memory: list[bytes] = []
+        if self._file is not None:
+            try:
+                offset = 0
+                for size in self._sizes:
+                    memory.append(_read(self._file.fileno(), size, offset))
+                    offset += size
+            finally:
+                self._file.close()
+                self._file = None
+        self._memory = memory
+        self._sizes = []
+        self._end = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every batch, in the order added."""
+        if self._memory is not None:
+            for data in self._memory:
+                yield pickle.loads(data)
+            return
+        offset = 0
+        for size in self._sizes:
+            assert self._file is not None
+            data = _read(self._file.fileno(), size, offset)
+            offset += size
+            yield pickle.loads(data)
+
+    def close(self) -> None:
+        """Let the batches go: the file and its space, or the memory that held them."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._sizes = []
+        self._memory = None if self._memory is None else []

@@ -281,7 +281,8 @@ def test_rows_of_different_keys_each_land_in_their_columns(tmp_path: Path) -> No
              {"b": [1, 2], "a": None, "tls": None}]
     rows = Rows(dicts)
     assert len(rows.shapes) == 3 and len(rows) == 4
-    assert rows.keys[0] is rows.keys[3]  # one tuple per distinct shape
+    got_keys = [keys for keys, _values in rows]
+    assert got_keys[0] is got_keys[3]  # one tuple per distinct shape
     header = columns(rows.shapes, ("a",))
     assert header == ["a", "b", "tls.version"]  # "tls" only a parent: no column
     path = tmp_path / "t.csv"
@@ -289,3 +290,37 @@ def test_rows_of_different_keys_each_land_in_their_columns(tmp_path: Path) -> No
     got = read(path)
     assert got == (header, [dict(zip(header, cells, strict=True)) for cells in (
         ["x", "1", ""], ["y", "2.5", ""], ["'=z", "", "TLS 1.3"], ["", "[1,2]", ""])])
+
+
+@pytest.mark.parametrize("batch", [1, 3, 10_000])
+def test_rows_kept_in_batches_write_the_same_files(doc_keys: dict[str, Any], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  batch: int) -> None:
+    """A table's rows wait for the header ``ROWS_BATCH`` at a time in a temporary file
+    (``Rows``): every batch size writes the same bytes as rows all kept in memory, and
+    the temporary file is let go once its table is written."""
+    import netdiag.report.csv_out as csv_out
+    from netdiag.report.spill import BatchSpill
+
+    whole = write_csv(doc_keys, tmp_path / "whole")
+    assert sum(1 for _ in (tmp_path / "whole" / "requests.csv").open()) > 4  # batches below
+    monkeypatch.setattr(csv_out, "ROWS_BATCH", batch)
+    spills: list[BatchSpill] = []
+    added = {"batches": 0}
+    real_init, real_add = BatchSpill.__init__, BatchSpill.add
+
+    def tracked(self: BatchSpill) -> None:
+        real_init(self)
+        spills.append(self)
+
+    def counted(self: BatchSpill, batch: Any) -> None:
+        added["batches"] += 1
+        real_add(self, batch)
+
+    monkeypatch.setattr(BatchSpill, "__init__", tracked)
+    monkeypatch.setattr(BatchSpill, "add", counted)
+    batched = write_csv(doc_keys, tmp_path / "batched")
+    for p, q in zip(whole, batched, strict=True):
+        assert p.name == q.name and p.read_bytes() == q.read_bytes(), p.name
+    assert (added["batches"] > 0) is (batch < 10_000)
+    assert spills and all(not s.on_disk for s in spills)  # each file let go

@@ -1,5 +1,6 @@
-"""Texts kept on disk until written (``TextSpill``): the same texts back, in any order,
-whether they went to a file, stayed in memory, or fell back to memory half way."""
+"""Output kept on disk until written: the same texts back, in any order (``TextSpill``),
+and the same batches back, in order (``BatchSpill``), whether they went to a file,
+stayed in memory, or fell back to memory half way."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from netdiag.report import spill as spill_mod
-from netdiag.report.spill import TextSpill
+from netdiag.report.spill import BatchSpill, TextSpill
 
 TEXTS = [f'{{"n":{i},"s":"{"é☃" * (i % 7)}{"x" * (i * 37 % 300)}"}}' for i in range(400)]
 TEXTS += ["", "\ud800 lone surrogate", "\U0001f600 astral"]
@@ -85,3 +86,56 @@ def test_closed_it_holds_nothing() -> None:
     assert len(spill) == 0
     with pytest.raises(IndexError):
         spill.get(0)
+
+
+BATCHES = [([i % 3] * (i % 5),
+            [(i, f"t{i}\u2603", i / 7, None, [i, {"k": i}]) for _ in range(i % 5)])
+           for i in range(60)]
+"""Batches like ``csv_out.Rows``' (key numbers, value tuples), some empty; floats,
+non-ASCII text and nested values included."""
+
+
+def test_batches_come_back_in_order_from_a_file() -> None:
+    spill = BatchSpill()
+    for b in BATCHES:
+        spill.add(b)
+    assert spill.on_disk and len(spill) == len(BATCHES)
+    assert list(spill) == BATCHES
+    assert list(spill) == BATCHES  # read again, the same
+    spill.close()
+    assert not spill.on_disk and list(spill) == []
+
+
+def test_batches_without_a_file_stay_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_file(*_a: Any, **_k: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+    spill = BatchSpill()
+    for b in BATCHES:
+        spill.add(b)
+    assert not spill.on_disk and len(spill) == len(BATCHES)
+    assert list(spill) == BATCHES
+
+
+def test_a_full_disk_half_way_keeps_every_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file takes some batches, then a write stops part way through one (a full
+    disk): the whole batches written are read back into memory, the one cut short is
+    kept from memory, and none is lost or doubled."""
+    real_pwrite = os.pwrite
+    calls = {"n": 0}
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        calls["n"] += 1
+        if calls["n"] == 9:  # a short write first, then the disk is full
+            return real_pwrite(fd, bytes(data[:10]), offset)
+        if calls["n"] > 9:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(spill_mod.os, "pwrite", pwrite)
+    spill = BatchSpill()
+    for b in BATCHES:
+        spill.add(b)
+    assert calls["n"] > 9 and not spill.on_disk and len(spill) == len(BATCHES)
+    assert list(spill) == BATCHES
