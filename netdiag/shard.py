@@ -78,6 +78,7 @@ from typing import IO, Any
 from netdiag.analysis.findings import build_findings
 from netdiag.analysis.summary import NoSummary, SummaryBuilder
 from netdiag.capture.reader import CaptureReader
+from netdiag.fileio import pread_all
 from netdiag.gcpolicy import Settler, settle
 from netdiag.pipeline import DSB_TLS_KEY_LOG, Options, _analyze, _Run, record_limits
 from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
@@ -274,24 +275,14 @@ def read_spill(fd: int) -> Iterator[Event]:
     offset = 0
     while len(head := os.pread(fd, 8, offset)) == 8:
         size = int.from_bytes(head, "little")
-        data = _read_at(fd, size, offset + 8)
+        data = pread_all(fd, size, offset + 8)
+        if len(data) < size:
+            raise EOFError("a shard's spilled events end early")
         offset += 8 + size
         batch: list[Event] = []
         _unpack_events(pickle.loads(data), batch)
         del data
         yield from batch
-
-
-def _read_at(fd: int, size: int, offset: int) -> bytes:
-    parts = []
-    while size > 0:
-        part = os.pread(fd, min(size, 1 << 24), offset)
-        if not part:
-            raise EOFError("a shard's spilled events end early")
-        parts.append(part)
-        size -= len(part)
-        offset += len(part)
-    return b"".join(parts)
 
 
 class ShardRun(_Run):

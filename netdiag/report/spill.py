@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from netdiag.fileio import pread_all
+
 BUFFER_BYTES = 1 << 20
 """Texts gathered before a write to the file."""
 
@@ -81,7 +83,7 @@ class TextSpill:
         kept = b""
         if self._file is not None:
             try:
-                kept = _read(self._file.fileno(), self._written, 0)
+                kept = pread_all(self._file.fileno(), self._written, 0)
             finally:
                 self._file.close()
                 self._file = None
@@ -105,7 +107,7 @@ class TextSpill:
         assert self._file is not None
         # the text alone, not a span around it: read out of file order (a connection's
         # requests spread over the whole capture), a span would be read again and again
-        data = _read(self._file.fileno(), end - start, start)
+        data = pread_all(self._file.fileno(), end - start, start)
         return data.decode("utf-8", "surrogatepass")
 
     def read(self, numbers: Iterable[int]) -> Iterator[str]:
@@ -124,19 +126,6 @@ class TextSpill:
             self._file = None
         self._pending = bytearray()
         self._ends = []
-
-
-def _read(fd: int, size: int, offset: int) -> bytes:
-    """Up to ``size`` bytes of ``fd`` from ``offset`` (fewer at the end of the file)."""
-    parts = []
-    while size > 0:
-        part = os.pread(fd, size, offset)
-        if not part:
-            break
-        parts.append(part)
-        size -= len(part)
-        offset += len(part)
-    return b"".join(parts)
 
 
 class BatchSpill:
@@ -194,7 +183,7 @@ class BatchSpill:
             try:
                 offset = 0
                 for size in self._sizes:
-                    memory.append(_read(self._file.fileno(), size, offset))
+                    memory.append(pread_all(self._file.fileno(), size, offset))
                     offset += size
             finally:
                 self._file.close()
@@ -212,7 +201,7 @@ class BatchSpill:
         offset = 0
         for size in self._sizes:
             assert self._file is not None
-            data = _read(self._file.fileno(), size, offset)
+            data = pread_all(self._file.fileno(), size, offset)
             offset += size
             yield pickle.loads(data)
 
