@@ -139,8 +139,6 @@ class BatchSpill:
         """The pickled size of each batch in the file, in order."""
         self._memory: list[bytes] | None = None
         """Every batch pickled, where the file could not be written (else None)."""
-        self._end = 0
-        """Bytes of the whole batches in the file."""
 
     def __len__(self) -> int:
         """Batches added."""
@@ -160,16 +158,14 @@ class BatchSpill:
                     # kept open across calls, closed by close()
                     self._file = tempfile.TemporaryFile(prefix="netdiag-rows-")  # noqa: SIM115
                 fd = self._file.fileno()
-                offset = self._end
                 with memoryview(data) as view:
                     done = 0
                     while done < len(view):
-                        done += os.pwrite(fd, view[done:], offset + done)
+                        done += os.write(fd, view[done:])
             except OSError:
                 failed = True
             if not failed:
                 self._sizes.append(len(data))
-                self._end = offset + len(data)
                 return
             self._to_memory()
         assert self._memory is not None
@@ -190,7 +186,6 @@ class BatchSpill:
                 self._file = None
         self._memory = memory
         self._sizes = []
-        self._end = 0
 
     def __iter__(self) -> Iterator[Any]:
         """Every batch, in the order added."""
