@@ -91,6 +91,24 @@ def test_generated_capture(tmp_path: Path) -> None:
     assert len(doc["connections"]) > 50 and doc["dns"]
 
 
+
+@needs_compiled
+@pytest.mark.parametrize("fmt", ["har", "html", "csv", "parquet"])
+def test_shipped_capture_in_the_compiled_formats(fmt: str, tmp_path: Path) -> None:
+    """HAR, CSV and Parquet are written by compiled modules (HTML reads HAR's): the same
+    files, byte for byte, under either core."""
+    files: dict[str, dict[str, bytes]] = {}
+    for core in ("compiled", "python"):
+        out = tmp_path / core
+        p = run(core, "-m", "netdiag", "report", str(ANTHO), "--keylog", str(KEYS),
+                "--format", fmt, "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        files[core] = ({f.name: f.read_bytes() for f in out.iterdir()} if out.is_dir()
+                       else {out.name: out.read_bytes()})
+    assert files["compiled"] and all(files["compiled"].values())
+    assert files["compiled"] == {k.replace("python", "compiled"): v
+                                 for k, v in files["python"].items()}
+
 # -- crafted input: link types, IPv6, fragments, reordering, gzip, damage -------------
 
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}

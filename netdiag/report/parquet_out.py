@@ -67,6 +67,7 @@ runs, and :class:`ParquetUnavailable` says how to install it when it is missing.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -331,10 +332,12 @@ def _pyarrow() -> tuple[Any, Any, Any]:
     pool gave memory back and faulted it in again, about a second of system time and
     60 MiB more at 1M packets."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    # through importlib, not import statements: compiled, those would keep the first
+    # module found for good, and a pyarrow that went missing would go unnoticed
     try:
-        import pyarrow as pa  # type: ignore[import-untyped]
-        import pyarrow.compute as pc  # type: ignore[import-untyped]
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        pa = importlib.import_module("pyarrow")
+        pc = importlib.import_module("pyarrow.compute")
+        pq = importlib.import_module("pyarrow.parquet")
     except ImportError as e:
         raise ParquetUnavailable(
             "--format parquet needs pyarrow, which is not installed: "
