@@ -47,7 +47,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from netdiag.report.fanout import made_in_processes
 from netdiag.report.json_encode import Encode
-from netdiag.report.json_out import Encoded, Records, element
+from netdiag.report.json_out import Encoded, Records
 from netdiag.report.spill import TextSpill
 from netdiag.textsafe import print_warning
 
@@ -387,7 +387,9 @@ class _ConnEntries:
         self.encode = encode
 
     def __call__(self, ci: int) -> list[tuple[float, int, int, Any, bool, bool]]:
-        conn = element(self.conns, ci)
+        conns = self.conns
+        conn = (conns.made(conns.items[ci]) if isinstance(conns, Records)
+                else conns[ci])
         out: list[tuple[float, int, int, Any, bool, bool]] = []
         reqs = [r for r in conn.get("requests") or [] if is_http(conn, r)
                 and _num(r.get("ts")) is not None]

@@ -40,7 +40,12 @@ class Records(Generic[T]):
         return len(self.items)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return map(self.made, self.items)
+        render, steps = self.render, self.steps
+        for item in self.items:
+            d = render(item)
+            for step in steps:
+                step(d, item)
+            yield d
 
     def made(self, item: T) -> dict[str, Any]:
         """The dict of one of :attr:`items`, as iterating gives it."""
@@ -48,11 +53,6 @@ class Records(Generic[T]):
         for step in self.steps:
             step(d, item)
         return d
-
-
-def element(values: Sequence[Any] | Records[Any], i: int) -> Any:
-    """Element ``i`` of a list, or of a :class:`Records` list as iterating gives it."""
-    return values.made(values.items[i]) if isinstance(values, Records) else values[i]
 
 
 class Encoded:

@@ -78,7 +78,7 @@ from typing import Any, Protocol, TypeAlias
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.errors import InputError
 from netdiag.report.fanout import made_in_processes
-from netdiag.report.json_out import Records, element
+from netdiag.report.json_out import Records
 
 # --- the schema, as plain data (no pyarrow needed to read it) -------------------------
 
@@ -607,7 +607,8 @@ class _ConnRows:
                            [n for n in DERIVED["requests"] if n != "connection"])
 
     def __call__(self, ci: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        c = element(self.conns, ci)
+        conns = self.conns
+        c = conns.made(conns.items[ci]) if isinstance(conns, Records) else conns[ci]
         if not isinstance(c, dict):
             return None
         crow = _connection_row(c, self.ctrie)
