@@ -380,7 +380,7 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
     if isinstance(lazy, Records):  # each connection gets its paths as it is written
         lazy.steps.append(lambda cj, conn: annotate_connection(cj, conn, analysis))
     if fmt == "json":
-        write_json(doc, out, jobs=options.jobs)
+        write_json(doc, out)
     elif fmt in ("har", "html"):
         from netdiag.report.har import attribute_dns
 
@@ -399,8 +399,7 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
             # the entries kept as JSON text (in a temporary file) until written, each by
             # the encoder write_json uses
             har = build_har(doc, dns_of=dns_of,
-                            encode=compact_encoder(ensure_ascii=False, check_circular=False),
-                            jobs=options.jobs)
+                            encode=compact_encoder(ensure_ascii=False, check_circular=False))
             if "groups" in doc:
                 har["log"]["_groups"] = doc["groups"]
             write_json(har, out, ensure_ascii=False)
@@ -420,6 +419,6 @@ def _write_collected(fmt: str, result: Any, doc: dict[str, Any], connections: An
 
         from netdiag.report.parquet_out import write_parquet
 
-        files = write_parquet(doc, Path(output or "."), jobs=options.jobs)
+        files = write_parquet(doc, Path(output or "."))
         stderr_console().print(f"wrote {len(files)} Parquet files to {output}",
                                highlight=False)

@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from netdiag.report.fanout import made_in_processes
 from netdiag.report.json_encode import Encode
-from netdiag.report.json_out import Encoded, Records
+from netdiag.report.json_out import Encoded
 from netdiag.report.spill import TextSpill
 from netdiag.textsafe import print_warning
 
@@ -373,41 +372,9 @@ def _entry(conn: dict[str, Any], req: dict[str, Any], first: bool,
     return start, entry
 
 
-class _ConnEntries:
-    """The HAR entries of one connection of a document (by its place in the list):
-    ``(start, connection's place, request's place, entry, estimated, clamped)`` each,
-    the entry as its JSON text where there is an encoder."""
-
-    def __init__(self, conns: Sequence[dict[str, Any]] | Records[Any],
-                 dns_of: dict[str, dict[str, Any]], page: str | None,
-                 encode: Encode | None) -> None:
-        self.conns = conns
-        self.dns_of = dns_of
-        self.page = page
-        self.encode = encode
-
-    def __call__(self, ci: int) -> list[tuple[float, int, int, Any, bool, bool]]:
-        conns = self.conns
-        conn = (conns.made(conns.items[ci]) if isinstance(conns, Records)
-                else conns[ci])
-        out: list[tuple[float, int, int, Any, bool, bool]] = []
-        reqs = [r for r in conn.get("requests") or [] if is_http(conn, r)
-                and _num(r.get("ts")) is not None]
-        reqs.sort(key=lambda r: r["ts"])
-        dns = self.dns_of.get(str(conn.get("id")))
-        for i, r in enumerate(reqs):
-            made = _entry(conn, r, i == 0, dns, self.page)
-            if made is not None:
-                start, entry = made
-                out.append((start, ci, i, entry if self.encode is None else self.encode(entry),
-                            str(entry.get("comment", "")).startswith(ESTIMATED_COMMENT),
-                            bool(entry["_netdiag"].get("started_clamped"))))
-        return out
-
-
 def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_warning,
               dns_of: dict[str, dict[str, Any]] | None = None,
-              encode: Encode | None = None, jobs: int = 1) -> dict[str, Any]:
+              encode: Encode | None = None) -> dict[str, Any]:
     """HAR 1.2 (``{"log": {...}}``) of every HTTP request in a contract document.
 
     ``warn`` gets one line when times had to be clamped (default: printed on standard
@@ -417,8 +384,7 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
     :class:`~netdiag.report.spill.TextSpill` (on disk), not as a dict in memory until
     the whole HAR is written; ``log.entries`` is then an
     :class:`~netdiag.report.json_out.Encoded` list that reads them back in order, once,
-    for :func:`~netdiag.report.json_out.write_json` with the same encoder; ``jobs``
-    processes may then make the entries at once (:mod:`netdiag.report.fanout`)."""
+    for :func:`~netdiag.report.json_out.write_json` with the same encoder."""
     if dns_of is None:
         dns_of = attribute_dns(doc)
     cap = doc.get("capture") or {}
@@ -428,16 +394,20 @@ def build_har(doc: dict[str, Any], warn: Callable[[str], None] | None = print_wa
     entries: list[tuple[float, int, int, Any]] = []
     spill = None if encode is None else TextSpill()
     estimated = clamped = 0
-    conns = doc.get("connections") or []
-    made_of = _ConnEntries(conns, dns_of, page, encode)
-    for made in (map(made_of, range(len(conns))) if encode is None
-                 else made_in_processes(range(len(conns)), made_of, jobs)):
-        for start, ci, i, entry, was_estimated, was_clamped in made:
-            if was_estimated:
-                estimated += 1
-            if was_clamped:
-                clamped += 1
-            entries.append((start, ci, i, entry if spill is None else spill.add(entry)))
+    for ci, conn in enumerate(doc.get("connections") or []):
+        reqs = [r for r in conn.get("requests") or [] if is_http(conn, r)
+                and _num(r.get("ts")) is not None]
+        reqs.sort(key=lambda r: r["ts"])
+        for i, r in enumerate(reqs):
+            made = _entry(conn, r, i == 0, dns_of.get(str(conn.get("id"))), page)
+            if made is not None:
+                start, entry = made
+                if str(entry.get("comment", "")).startswith(ESTIMATED_COMMENT):
+                    estimated += 1
+                if entry["_netdiag"].get("started_clamped"):
+                    clamped += 1
+                entries.append((start, ci, i, entry if spill is None or encode is None
+                                else spill.add(encode(entry))))
     entries.sort(key=lambda t: t[:3])
     log: dict[str, Any] = {
         "version": "1.2",

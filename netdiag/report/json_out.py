@@ -16,7 +16,6 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, Generic, TypeVar
 
-from netdiag.report.fanout import made_in_processes
 from netdiag.report.json_encode import Encode, compact_encoder
 
 OUTLINE_DEPTH = 2
@@ -47,13 +46,6 @@ class Records(Generic[T]):
                 step(d, item)
             yield d
 
-    def made(self, item: T) -> dict[str, Any]:
-        """The dict of one of :attr:`items`, as iterating gives it."""
-        d = self.render(item)
-        for step in self.steps:
-            step(d, item)
-        return d
-
 
 class Encoded:
     """A JSON list whose elements are already encoded, one compact JSON text each (by
@@ -72,26 +64,23 @@ class Encoded:
         return self.count
 
 
-def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True, jobs: int = 1) -> None:
-    """Write ``doc`` (plain JSON types) to ``out``, followed by a newline. ``jobs``: the
-    processes that may encode the objects of a long :class:`Records` list at once
-    (:mod:`netdiag.report.fanout`)."""
+def write_json(doc: Any, out: IO[str], *, ensure_ascii: bool = True) -> None:
+    """Write ``doc`` (plain JSON types) to ``out``, followed by a newline."""
     encode = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=True,
                               check_circular=False).encode
     line = compact_encoder(ensure_ascii=ensure_ascii, check_circular=False)
-    _write(doc, out, 0, encode, line, jobs)
+    _write(doc, out, 0, encode, line)
     out.write("\n")
 
 
-def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode,
-           jobs: int) -> None:
+def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode) -> None:
     pad = "  " * (depth + 1)
     if isinstance(value, dict) and value and depth < OUTLINE_DEPTH:
         out.write("{")
         sep = "\n"
         for key, item in value.items():
             out.write(f"{sep}{pad}{encode(str(key))}: ")
-            _write(item, out, depth + 1, encode, line, jobs)
+            _write(item, out, depth + 1, encode, line)
             sep = ",\n"
         out.write(f"\n{'  ' * depth}}}")
     elif ((isinstance(value, list) and value
@@ -99,7 +88,7 @@ def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode,
           or (isinstance(value, Records | Encoded) and len(value))):
         out.write("[")
         sep = "\n"
-        for text in _texts(value, line, jobs):
+        for text in value.texts if isinstance(value, Encoded) else map(line, value):
             out.write(sep + pad)
             out.write(text)
             sep = ",\n"
@@ -108,14 +97,3 @@ def _write(value: Any, out: IO[str], depth: int, encode: Encode, line: Encode,
         out.write("[]")
     else:
         out.write(encode(value))
-
-
-def _texts(value: list[Any] | Records[Any] | Encoded, line: Encode, jobs: int
-           ) -> Iterable[str]:
-    """The JSON texts of a list's elements, one each."""
-    if isinstance(value, Encoded):
-        return value.texts
-    if isinstance(value, Records) and jobs > 1:
-        records = value
-        return made_in_processes(records.items, lambda item: line(records.made(item)), jobs)
-    return map(line, value)

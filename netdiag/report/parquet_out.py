@@ -77,7 +77,6 @@ from typing import Any, Protocol, TypeAlias
 
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.errors import InputError
-from netdiag.report.fanout import made_in_processes
 from netdiag.report.json_out import Records
 
 # --- the schema, as plain data (no pyarrow needed to read it) -------------------------
@@ -596,41 +595,16 @@ def _add_request_rows(c: dict[Any, Any], crow: dict[str, Any], trie: _Trie,
             rows.append(_row(r, trie, {**context, "index": i}))
 
 
-class _ConnRows:
-    """The row of one connection of a document's list (by its place in it) and the rows
-    of its requests; None for an element that is not an object."""
-
-    def __init__(self, conns: list[Any] | tuple[Any, ...] | Records[Any]) -> None:
-        self.conns = conns
-        self.ctrie = _trie(CONNECTION_COLUMNS, DERIVED["connections"])
-        self.rtrie = _trie(REQUEST_COLUMNS,
-                           [n for n in DERIVED["requests"] if n != "connection"])
-
-    def __call__(self, ci: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        conns = self.conns
-        c = conns.made(conns.items[ci]) if isinstance(conns, Records) else conns[ci]
-        if not isinstance(c, dict):
-            return None
-        crow = _connection_row(c, self.ctrie)
-        reqs: list[dict[str, Any]] = []
-        _add_request_rows(c, crow, self.rtrie, reqs)
-        return crow, reqs
-
-
-def connection_and_request_rows(doc: dict[str, Any], conns: _Rows, reqs: _Rows,
-                                jobs: int = 1) -> None:
+def connection_and_request_rows(doc: dict[str, Any], conns: _Rows, reqs: _Rows) -> None:
     """One row per connection (to ``conns``) and one per request (to ``reqs``), in one
     pass over the connections (a document made as it is read renders each connection
-    once); ``jobs`` processes may make the rows at once (:mod:`netdiag.report.fanout`)."""
-    docs = doc.get("connections")
-    if not isinstance(docs, list | tuple | Records):
-        return
-    for made in made_in_processes(range(len(docs)), _ConnRows(docs), jobs):
-        if made is not None:
-            crow, req_rows = made
-            conns.append(crow)
-            for r in req_rows:
-                reqs.append(r)
+    once)."""
+    ctrie = _trie(CONNECTION_COLUMNS, DERIVED["connections"])
+    rtrie = _trie(REQUEST_COLUMNS, [n for n in DERIVED["requests"] if n != "connection"])
+    for c in _records(doc.get("connections")):
+        crow = _connection_row(c, ctrie)
+        conns.append(crow)
+        _add_request_rows(c, crow, rtrie, reqs)
 
 
 class _Batched:
@@ -793,13 +767,13 @@ def to_table(table: str, rows: list[dict[str, Any]], metadata: dict[str, str]) -
     return out
 
 
-def tables(doc: dict[str, Any], jobs: int = 1) -> Iterator[tuple[str, Any]]:
+def tables(doc: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """``(table name, pyarrow.Table)`` for each file :func:`write_parquet` writes, in its
-    order (``jobs``: as :func:`connection_and_request_rows` takes it)."""
+    order."""
     meta = {"contract": _valid(_key(doc.get("contract", CONTRACT_VERSION))),
             "netdiag_version": _valid(_key(doc.get("netdiag_version", __version__)))}
     conns, reqs = _Batched("connections", meta), _Batched("requests", meta)
-    connection_and_request_rows(doc, conns, reqs, jobs)
+    connection_and_request_rows(doc, conns, reqs)
     yield "connections", conns.result()
     yield "requests", reqs.result()
     yield "dns", to_table("dns", dns_rows(doc), meta)
@@ -818,18 +792,17 @@ def compression() -> str:
     return next((c for c in ("zstd", "snappy") if pa.Codec.is_available(c)), "none")
 
 
-def write_parquet(doc: dict[str, Any], outdir: Path, jobs: int = 1) -> list[Path]:
+def write_parquet(doc: dict[str, Any], outdir: Path) -> list[Path]:
     """Write the Parquet files of ``doc`` into ``outdir`` (created if needed); returns
     their paths: connections, requests, dns, findings, then timeseries and knees when the
     document has those keys, and groups when it has ``groups``. Raises
-    :class:`ParquetUnavailable` without pyarrow. ``jobs``: the processes that may make
-    the connections' and requests' rows at once."""
+    :class:`ParquetUnavailable` without pyarrow."""
     _, _, pq = _pyarrow()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     codec = compression()
     out = []
-    for name, table in tables(doc, jobs):
+    for name, table in tables(doc):
         path = outdir / f"{name}.parquet"
         pq.write_table(table, str(path), compression=codec, version="2.6",
                        use_dictionary=True, write_statistics=True,
