@@ -177,27 +177,26 @@ class BatchSpill:
         memory: list[bytes] = []
         if self._file is not None:
             try:
-                offset = 0
-                for size in self._sizes:
-                    memory.append(pread_all(self._file.fileno(), size, offset))
-                    offset += size
+                memory = list(self._in_file())
             finally:
                 self._file.close()
                 self._file = None
         self._memory = memory
         self._sizes = []
 
-    def __iter__(self) -> Iterator[Any]:
-        """Every batch, in the order added."""
-        if self._memory is not None:
-            for data in self._memory:
-                yield pickle.loads(data)
+    def _in_file(self) -> Iterator[bytes]:
+        """Each batch in the file, pickled, in order (none without a file)."""
+        if self._file is None:
             return
+        fd = self._file.fileno()
         offset = 0
         for size in self._sizes:
-            assert self._file is not None
-            data = pread_all(self._file.fileno(), size, offset)
+            yield pread_all(fd, size, offset)
             offset += size
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every batch, in the order added."""
+        for data in self._in_file() if self._memory is None else self._memory:
             yield pickle.loads(data)
 
     def close(self) -> None:

@@ -31,6 +31,32 @@ def _fill(spill: TextSpill) -> None:
     assert len(spill) == len(TEXTS)
 
 
+def _no_temporary_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No temporary file can be made (no ``TMPDIR``, a full disk)."""
+    def no_file(*_a: Any, **_k: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+
+
+def _disk_full_at(monkeypatch: pytest.MonkeyPatch, n: int) -> dict[str, int]:
+    """The spill's ``n``-th write writes 10 bytes, every later one finds the disk full;
+    returns the count of writes tried."""
+    real_write = os.write
+    calls = {"n": 0}
+
+    def write(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == n:  # a short write first, then the disk is full
+            return real_write(fd, bytes(data[:10]))
+        if calls["n"] > n:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(spill_mod.os, "write", write)
+    return calls
+
+
 @pytest.mark.parametrize("buffer", [64, 1 << 20])
 def test_texts_come_back_in_any_order(monkeypatch: pytest.MonkeyPatch, buffer: int) -> None:
     monkeypatch.setattr(spill_mod, "BUFFER_BYTES", buffer)
@@ -45,11 +71,7 @@ def test_texts_come_back_in_any_order(monkeypatch: pytest.MonkeyPatch, buffer: i
 
 def test_no_file_keeps_them_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spill_mod, "BUFFER_BYTES", 64)
-
-    def no_file(*_a: Any, **_k: Any) -> Any:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+    _no_temporary_file(monkeypatch)
     spill = TextSpill()
     _fill(spill)
     assert not spill.on_disk
@@ -61,18 +83,7 @@ def test_a_full_disk_half_way_reads_back_what_was_written(
     """The file takes some texts, then a write fails part way (a full disk): the texts
     written so far are read back into memory, and none is lost or doubled."""
     monkeypatch.setattr(spill_mod, "BUFFER_BYTES", 256)
-    real_write = os.write
-    calls = {"n": 0}
-
-    def write(fd: int, data: Any) -> int:
-        calls["n"] += 1
-        if calls["n"] == 5:  # a short write first, then the disk is full
-            return real_write(fd, bytes(data[:10]))
-        if calls["n"] > 5:
-            raise OSError(28, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr(spill_mod.os, "write", write)
+    calls = _disk_full_at(monkeypatch, 5)
     spill = TextSpill()
     _fill(spill)
     assert calls["n"] > 5 and not spill.on_disk
@@ -107,10 +118,7 @@ def test_batches_come_back_in_order_from_a_file() -> None:
 
 
 def test_batches_without_a_file_stay_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_file(*_a: Any, **_k: Any) -> Any:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", no_file)
+    _no_temporary_file(monkeypatch)
     spill = BatchSpill()
     for b in BATCHES:
         spill.add(b)
@@ -122,18 +130,7 @@ def test_a_full_disk_half_way_keeps_every_batch_once(monkeypatch: pytest.MonkeyP
     """The file takes some batches, then a write stops part way through one (a full
     disk): the whole batches written are read back into memory, the one cut short is
     kept from memory, and none is lost or doubled."""
-    real_write = os.write
-    calls = {"n": 0}
-
-    def write(fd: int, data: Any) -> int:
-        calls["n"] += 1
-        if calls["n"] == 9:  # a short write first, then the disk is full
-            return real_write(fd, bytes(data[:10]))
-        if calls["n"] > 9:
-            raise OSError(28, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr(spill_mod.os, "write", write)
+    calls = _disk_full_at(monkeypatch, 9)
     spill = BatchSpill()
     for b in BATCHES:
         spill.add(b)
