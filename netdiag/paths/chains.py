@@ -1265,6 +1265,25 @@ def _pair_stats(matchings: Mapping[tuple[Any, Any], dict[int, _Edge]]
     return {k: _stats(v) for k, v in by_pair.items()}
 
 
+def _same_links(a: dict[int, _Edge], b: dict[int, _Edge]) -> bool:
+    """Two assignments (child node id -> link) that took the very same links."""
+    if len(a) != len(b):
+        return False
+    return all(b.get(k) is e for k, e in a.items())
+
+
+def _same_stats(done: Mapping[tuple[Any, Any], _PairStats], pair: tuple[Any, Any]
+                ) -> dict[tuple[Any, Any], _PairStats]:
+    """What :func:`_pair_stats` gives ``pair`` for the links whose statistics are
+    ``done[pair]`` (none where it has none): a copy of them."""
+    st = done.get(pair)
+    if st is None:
+        return {}
+    return {pair: _PairStats(st.n, st.med_so, st.iqr_so, st.med_eo, st.iqr_eo, st.low_eo,
+                             st.med_slack, st.address_share, st.med_ro, st.iqr_ro,
+                             st.chosen, st.chance_ms)}
+
+
 def _levels(vals: list[int], take: Callable[[int, int], int]) -> list[list[int]]:
     """``take`` (max or min) of ``vals`` over aligned blocks of 1, 2, 4, 8, ... values:
     ``levels[L][b]`` covers ``vals[b << L:(b + 1) << L]``."""
@@ -1821,14 +1840,21 @@ class _Linker:
         parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
         sent_later: dict[tuple[Any, ...], bool] = {}  # per parent group: a request ended late
         for pair, kids in self._children_of_pairs().items():
-            starts.update(_pair_stats({pair: self._fifo(pair, kids, _START)}))
-            ends.update(_pair_stats({pair: self._fifo(pair, kids, _FB)}))
+            by_start = self._fifo(pair, kids, _START)
+            starts.update(_pair_stats({pair: by_start}))
+            # an order that took the same links has the same statistics: copied, not
+            # computed again (each estimate's are its own object: one is chosen)
+            by_fb = self._fifo(pair, kids, _FB)
+            ends.update(_same_stats(starts, pair) if _same_links(by_start, by_fb)
+                        else _pair_stats({pair: by_fb}))
             later = sent_later.get(pair[0])
             if later is None:
                 later = sent_later[pair[0]] = any(
                     n.rend_ns != n.ts_ns for n in self._groups.get(pair[0], ()))
             if later:  # else its order and offsets are those by start
-                rends.update(_pair_stats({pair: self._fifo(pair, kids, _REND)}))
+                by_rend = self._fifo(pair, kids, _REND)
+                rends.update(_same_stats(starts, pair) if _same_links(by_start, by_rend)
+                             else _pair_stats({pair: by_rend}))
             marked = self._with_candidates(pair, kids)
             parents[pair[0]].update(marked)
             if marked and (self.pair_info[pair][0]
@@ -1985,8 +2011,14 @@ class _Linker:
                     least[i], arg[i] = least[i + 1], arg[i + 1]
                 else:
                     least[i], arg[i] = e_ns, i
+            # the parents come in start order (:meth:`prepare`), so the first child that
+            # began at or after each one's start only moves forward: no bisection each
+            i = 0
+            n_kids = len(kts)
             for p in parents:
-                i = _at(kts, p.ts_ns)
+                p_ts = p.ts_ns
+                while i < n_kids and kts[i] < p_ts:
+                    i += 1
                 w_end = p.window_end_ns
                 if id(p) in marked or i == len(children) or least[i] > w_end:
                     continue
