@@ -413,16 +413,19 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
     rows: list[dict] = []
     for case in cases:
         packets = count_packets(case.path)
-        ts = None
-        if not args.skip_tshark:
-            ts = best_of([measure_warm(f"tshark [{case.name}]",
-                                       tshark_cmd(args.tshark, case.path, case.keylog),
-                                       case.path, packets, None, args.timeout)
-                          for _ in range(args.repeat)])
-        for fmt in formats:
-            for j in jobs:
-                if j != 1 and not has_jobs:
-                    continue
+        plan = [(fmt, j) for fmt in formats for j in jobs if j == 1 or has_jobs]
+        runs: dict[tuple[str, int], list[dict]] = {key: [] for key in plan}
+        tshark_runs: list[dict] = []
+        # the repeats in rounds: tshark once, then every row once, per round. A VM whose
+        # speed drifts during a case then slows tshark and every row alike, and the best
+        # of each is taken over the same stretch of time (all of tshark's runs first, then
+        # each row's, put minutes between what a ratio compares)
+        for _ in range(args.repeat):
+            if not args.skip_tshark:
+                tshark_runs.append(measure_warm(
+                    f"tshark [{case.name}]", tshark_cmd(args.tshark, case.path, case.keylog),
+                    case.path, packets, None, args.timeout))
+            for fmt, j in plan:
                 cmd = [*base, "report", str(case.path), "--format", fmt, "--no-profile"]
                 if case.keylog is not None:
                     cmd += ["--keylog", str(case.keylog)]
@@ -432,12 +435,15 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
                     if fmt in FILE_FORMATS:  # they write files into a directory
                         cmd += ["-o", stack.enter_context(
                             tempfile.TemporaryDirectory(prefix="netdiag-bench-"))]
-                    r = best_of([measure_warm(f"netdiag {fmt} jobs {j} [{case.name}]", cmd,
-                                              case.path, packets, env, args.timeout)
-                                 for _ in range(args.repeat)])
-                rows.append({"case": case.name, "format": fmt, "jobs": j, "netdiag": r,
-                             "tshark": ts, "packets": packets,
-                             "size_mb": round(case.path.stat().st_size / 1e6, 1)})
+                    runs[(fmt, j)].append(measure_warm(
+                        f"netdiag {fmt} jobs {j} [{case.name}]", cmd, case.path, packets,
+                        env, args.timeout))
+        ts = best_of(tshark_runs) if tshark_runs else None
+        for fmt, j in plan:
+            rows.append({"case": case.name, "format": fmt, "jobs": j,
+                         "netdiag": best_of(runs[(fmt, j)]), "tshark": ts,
+                         "packets": packets,
+                         "size_mb": round(case.path.stat().st_size / 1e6, 1)})
     by = {(r["case"], r["format"], r["jobs"]): r for r in rows}
     for r in rows:
         nd, ts = r["netdiag"], r["tshark"]
