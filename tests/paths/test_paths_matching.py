@@ -282,3 +282,55 @@ def test_forgetting_unweighed_pairs_changes_nothing(monkeypatch: pytest.MonkeyPa
     assert dropped["edges"] > 0 and dropped["subsets"] > 0  # something was forgotten
     monkeypatch.setattr(chains_mod._Linker, "forget_unweighed", lambda self, weighed: None)
     assert outcome() == forgetting
+
+
+def _prepared_linker(conns: list) -> chains_module._Linker:  # type: ignore[type-arg]
+    """The linker of ``conns`` as :func:`~netdiag.paths.chains.link_requests` sets it up,
+    before its first estimates."""
+    nodes = [chains_module.Node.of(c, i, r) for c in conns for i, r in enumerate(c.requests)]
+    by_key = {n.key: n for n in nodes}
+    for c in conns:
+        first = chains_module._first_request_index(c)
+        if first is not None and c.syn_ns is not None and c.syn_ns <= c.requests[first].ts_ns:
+            by_key[(c.id, first)].syn_first_ns = c.syn_ns
+    chains_module._set_ranks(nodes)
+    linker = chains_module._Linker(nodes, set(), {})
+    linker.prepare()
+    return linker
+
+
+@pytest.mark.parametrize(("concurrency", "upload"), [(1, False), (16, False), (64, True)])
+def test_first_estimates_reuse_statistics_only_of_equal_links(concurrency: int,
+                                                              upload: bool) -> None:
+    """The first estimates copy the statistics of the order by start into an order that
+    took the very same links; they are what computing every order's own statistics
+    gives, where the orders agree (few requests at once) and where they differ."""
+    ch = chains_module
+    params = SimParams(requests=120, concurrency=concurrency, source="loopback",
+                       upload_ms=(5.0, 40.0) if upload else (0.0, 0.0), seed=concurrency + 3)
+    got = _prepared_linker(simulate(params)[0]).first_estimates()
+
+    linker = _prepared_linker(simulate(params)[0])
+    starts: dict = {}  # type: ignore[type-arg]
+    ends: dict = {}  # type: ignore[type-arg]
+    rends: dict = {}  # type: ignore[type-arg]
+    parents: dict = {}  # type: ignore[type-arg]
+    same = differ = 0
+    for pair, kids in linker._children_of_pairs().items():
+        by_start = linker._fifo(pair, kids, ch._START)
+        orders = [(ends, linker._fifo(pair, kids, ch._FB))]
+        if any(n.rend_ns != n.ts_ns for n in linker._groups.get(pair[0], ())):
+            orders.append((rends, linker._fifo(pair, kids, ch._REND)))
+        starts.update(ch._pair_stats({pair: by_start}))
+        for into, links in orders:
+            into.update(ch._pair_stats({pair: links}))
+            if links.keys() == by_start.keys() and all(
+                    links[k] is e for k, e in by_start.items()):
+                same += 1
+            else:
+                differ += 1
+        parents.setdefault(pair[0], {}).update(linker._with_candidates(pair, kids))
+    want = ch._estimates(starts, ends, rends, {g: list(d.values()) for g, d in parents.items()})
+    assert got == want
+    # the copy is taken one after another without concurrency, and not taken with it
+    assert same if concurrency == 1 else differ, (same, differ)
