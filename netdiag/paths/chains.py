@@ -2020,7 +2020,7 @@ class _Linker:
                 while i < n_kids and kts[i] < p_ts:
                     i += 1
                 w_end = p.window_end_ns
-                if id(p) in marked or i == len(children) or least[i] > w_end:
+                if id(p) in marked or i == n_kids or least[i] > w_end:
                     continue
                 server = p.server
                 if children[arg[i]].server != server or any(
@@ -2772,15 +2772,12 @@ def _first_request_index(conn: Connection) -> int | None:
     return best
 
 
-def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = (),
-                  hop_order: Mapping[str, Sequence[str]] | None = None) -> Chains:
-    """Link every request to the request that caused it, where the capture shows one.
-
-    ``trusted``: ids of connections whose upstream links need no proxy statistics (a
-    profile matched them). ``hop_order``: per profile path, its hops client-facing
-    first; connections a profile matched carry ``conn.path`` (``inferred`` false).
-    """
-    conns = [c for c in connections if c.requests]
+def _prepared_linker(conns: Sequence[Connection], trusted: Iterable[str] = (),
+                     hop_order: Mapping[str, Sequence[str]] | None = None
+                     ) -> tuple[dict[tuple[str, int], Node], _Linker]:
+    """The requests of ``conns`` as nodes by key, and their linker prepared
+    (:meth:`_Linker.prepare`), before its first estimates; ``trusted`` and
+    ``hop_order`` as :func:`link_requests` takes them."""
     nodes: dict[tuple[str, int], Node] = {}
     for c in conns:
         for i, r in enumerate(c.requests):
@@ -2794,7 +2791,19 @@ def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = ()
     _set_ranks(list(nodes.values()))
     linker = _Linker(list(nodes.values()), set(trusted), hop_order or {})
     linker.prepare()
+    return nodes, linker
 
+
+def link_requests(connections: Iterable[Connection], trusted: Iterable[str] = (),
+                  hop_order: Mapping[str, Sequence[str]] | None = None) -> Chains:
+    """Link every request to the request that caused it, where the capture shows one.
+
+    ``trusted``: ids of connections whose upstream links need no proxy statistics (a
+    profile matched them). ``hop_order``: per profile path, its hops client-facing
+    first; connections a profile matched carry ``conn.path`` (``inferred`` false).
+    """
+    conns = [c for c in connections if c.requests]
+    nodes, linker = _prepared_linker(conns, trusted, hop_order)
     estimates = linker.first_estimates()
     # pairs the statistics could never accept do not go through the refined rounds
     sizes: dict[tuple[Any, ...], int] = defaultdict(int)

@@ -97,9 +97,9 @@ class Params:
     router_delay_ms: tuple[float, float] = (10.0, 25.0)
     think_ms: tuple[float, float] = (20.0, 60.0)
     sse_every: int = 4
+    """Every this many requests (n % sse_every == sse_every - 1) asks for SSE."""
     capture: str = "auto"
     """``tcpdump``, ``netdiag`` or ``auto`` (tcpdump unless in a user namespace)."""
-    """Every this many requests (n % sse_every == sse_every - 1) asks for SSE."""
     timeout_s: float = 60.0
     upload_ms: tuple[float, float] = (0.0, 0.0)
     """Range of the time the client takes to send a request's body (in three parts

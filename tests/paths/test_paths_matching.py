@@ -284,21 +284,6 @@ def test_forgetting_unweighed_pairs_changes_nothing(monkeypatch: pytest.MonkeyPa
     assert outcome() == forgetting
 
 
-def _prepared_linker(conns: list) -> chains_module._Linker:  # type: ignore[type-arg]
-    """The linker of ``conns`` as :func:`~netdiag.paths.chains.link_requests` sets it up,
-    before its first estimates."""
-    nodes = [chains_module.Node.of(c, i, r) for c in conns for i, r in enumerate(c.requests)]
-    by_key = {n.key: n for n in nodes}
-    for c in conns:
-        first = chains_module._first_request_index(c)
-        if first is not None and c.syn_ns is not None and c.syn_ns <= c.requests[first].ts_ns:
-            by_key[(c.id, first)].syn_first_ns = c.syn_ns
-    chains_module._set_ranks(nodes)
-    linker = chains_module._Linker(nodes, set(), {})
-    linker.prepare()
-    return linker
-
-
 @pytest.mark.parametrize(("concurrency", "upload"), [(1, False), (16, False), (64, True)])
 def test_first_estimates_reuse_statistics_only_of_equal_links(concurrency: int,
                                                               upload: bool) -> None:
@@ -308,9 +293,9 @@ def test_first_estimates_reuse_statistics_only_of_equal_links(concurrency: int,
     ch = chains_module
     params = SimParams(requests=120, concurrency=concurrency, source="loopback",
                        upload_ms=(5.0, 40.0) if upload else (0.0, 0.0), seed=concurrency + 3)
-    got = _prepared_linker(simulate(params)[0]).first_estimates()
+    got = ch._prepared_linker(simulate(params)[0])[1].first_estimates()
 
-    linker = _prepared_linker(simulate(params)[0])
+    linker = ch._prepared_linker(simulate(params)[0])[1]
     starts: dict = {}  # type: ignore[type-arg]
     ends: dict = {}  # type: ignore[type-arg]
     rends: dict = {}  # type: ignore[type-arg]
