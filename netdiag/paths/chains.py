@@ -214,9 +214,8 @@ _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
 _NO_LINKS: Final[list[_Edge]] = []
 """What :meth:`_Linker._links` gives a child in a pair linked by request ids only when
 no parent of the group carries the child's id (never written to)."""
-_NO_SAME: Final[dict[tuple[Any, ...], list[Node]]] = {}
-"""What :meth:`_Linker._same_rid` gives a child without an equal request id (never
-written to)."""
+_NO_SAME: Final[tuple[Node, ...]] = ()
+"""What :meth:`_Linker._same_rid` gives a child without an equal request id."""
 
 
 def _ms(ns: int | None) -> float | None:
@@ -327,9 +326,9 @@ class Node:
     """Set by the linker: the address its connection's client sent from (no port)."""
     server_ip: str = ""
     """Set by the linker: the address its connection's server listens on (no port)."""
-    same_rid: dict[tuple[Any, ...], list[Node]] | None = None
-    """Set by the linker once asked: per parent group, the requests with its request id
-    that contain it (:meth:`_Linker._same_rid`)."""
+    same_rid: tuple[Node, ...] | None = None
+    """Set by the linker once asked: the requests with its request id that contain it, of
+    every parent group (:meth:`_Linker._same_rid`)."""
     left_out: list[tuple[float, int, bool, float] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
     :attr:`_Linker.pairs_of`), what the last round left out (:meth:`_Linker.left_out_of`)."""
@@ -338,10 +337,11 @@ class Node:
     as_parent: bool = False
     """Marks the node while :func:`_separate` looks at a set of links (as a parent), or
     :func:`link_requests` at the final matchings (a parent with two calls of a kind)."""
-    kept: list[tuple[str, list[_Edge], list[_Edge]] | None] | None = None
+    kept: list[tuple[str, list[_Edge], int] | None] | None = None
     """Set by the linker's rounds: per parent group of its group (in the order of
-    :attr:`_Linker.pairs_of`), the links a round kept and how, where it met all of the
-    child's candidates (:meth:`_Linker._links`; links by equal ids only are not kept).
+    :attr:`_Linker.pairs_of`), the links a round kept, how, and how many candidates it
+    met, where it met them all (:meth:`_Linker._links`; links by equal ids only are not
+    kept).
     Kept on the node, not in a map over all children and groups: reached with the node,
     not through a large table's scattered entries."""
 
@@ -354,10 +354,10 @@ class Node:
                  from_parent_address: bool = False, opened: bool = False, num: int = 0,
                  ranks: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0), taken_in: int = 0,
                  client_ip: str = "", server_ip: str = "",
-                 same_rid: dict[tuple[Any, ...], list[Node]] | None = None,
+                 same_rid: tuple[Node, ...] | None = None,
                  left_out: list[tuple[float, int, bool, float] | None] | None = None,
                  as_child: bool = False, as_parent: bool = False,
-                 kept: list[tuple[str, list[_Edge], list[_Edge]] | None] | None = None
+                 kept: list[tuple[str, list[_Edge], int] | None] | None = None
                  ) -> None:
         self.conn = conn
         self.index = index
@@ -1766,11 +1766,12 @@ class _Linker:
             self._subsets_made += 1
         return sub
 
-    def _same_rid(self, u: Node) -> dict[tuple[Any, ...], list[Node]]:
-        """Per parent group, the requests with the child's request id that contain it, in
+    def _same_rid(self, u: Node) -> tuple[Node, ...]:
+        """The requests with the child's request id that contain it, of every group, in
         start order: however far back they began (the newest :data:`MAX_SCAN` that began
-        before it: an id repeated without end costs no more). Read only: a child without
-        an id, or whose id no parent request carries, shares one empty map."""
+        before it: an id repeated without end costs no more). Kept on the node as one
+        tuple, not a map of lists per group: most children have one such parent, and
+        every child of a capture with request ids has its own (15 MiB at 1M packets)."""
         got = u.same_rid
         if got is not None:
             return got
@@ -1778,17 +1779,28 @@ class _Linker:
         if urid is None or urid not in self._rid_index:
             u.same_rid = _NO_SAME
             return _NO_SAME
-        out: dict[tuple[Any, ...], list[Node]] = {}
+        found: list[Node] = []
         same, starts, ends, blocks = self._rid_index[urid]
         top = _after(starts, u.ts_ns)
         for k in _ending_after(ends, blocks, top, max(0, top - MAX_SCAN), u.end_ns):
             p = same[k]
             if self._contains(p, u):
-                out.setdefault(p.group, []).append(p)
-        for lst in out.values():
-            lst.reverse()
+                found.append(p)
+        found.reverse()
+        out = tuple(found) if found else _NO_SAME
         u.same_rid = out
         return out
+
+    def _same_rid_in(self, u: Node, pg: tuple[Any, ...]) -> tuple[Node, ...]:
+        """Those of :meth:`_same_rid` in the parent group ``pg``, in start order."""
+        same = self._same_rid(u)
+        n = len(same)
+        if n == 0:
+            return same
+        if n == 1:
+            return same if same[0].group == pg else _NO_SAME
+        out = tuple([p for p in same if p.group == pg])
+        return same if len(out) == n else out
 
     def _edge_of(self, p: Node, u: Node, pg: tuple[Any, ...], cg: tuple[Any, ...],
                  declared: bool) -> _Edge | None:
@@ -1823,7 +1835,7 @@ class _Linker:
             cg = u.group
             urid = u.rid
             for pg, _declared, hopeless, _slot in self.pairs_of.get(cg, ()):
-                if hopeless and (urid is None or pg not in self._same_rid(u)):
+                if hopeless and (urid is None or not self._same_rid_in(u, pg)):
                     continue
                 out[(pg, cg)].append(u)
         return out
@@ -1892,7 +1904,7 @@ class _Linker:
             e = None
             with_id = u.rid is not None
             if with_id:
-                same = self._same_rid(u).get(pg, ())
+                same: Sequence[Node] = self._same_rid_in(u, pg)
                 if end:
                     same = sorted((p for p in same if p.fb_ns is not None),
                                   key=lambda p: _rank(p, _FB))
@@ -1991,7 +2003,7 @@ class _Linker:
         hopeless = self.pair_info[pair][1]
         marked: dict[int, Node] = {}
         for u in kids:
-            for p in self._same_rid(u).get(pg, ()):
+            for p in self._same_rid_in(u, pg):
                 marked[id(p)] = p
         if hopeless:
             return marked
@@ -2137,10 +2149,10 @@ class _Linker:
         store = u.kept  # never an ids-only round's: _same_rid and _edge_of keep those
         hit = store[j] if store is not None else None
         if hit is not None and hit[0] == how:  # the same links as an earlier round
-            _how, was_kept, all_kept = hit
-            self._put_left_out(u, j, _all_kept(len(all_kept)))
+            _how, was_kept, met = hit
+            self._put_left_out(u, j, _all_kept(met))
             return was_kept
-        kept = [e for p in (self._same_rid(u).get(pg, ()) if urid is not None else ())
+        kept = [e for p in (self._same_rid_in(u, pg) if urid is not None else ())
                 if (e := self._edge_of(p, u, pg, cg, declared)) is not None]
         every: list[_Edge] | None = None
         if how == "rid":
@@ -2168,7 +2180,8 @@ class _Linker:
         if every is not None:  # whatever the statistics: kept for later rounds
             if store is None:
                 store = u.kept = [None] * len(self.pairs_of[cg])
-            store[j] = (how, kept, every)
+            store[j] = (how, kept, len(every))  # the count, not the list: its links
+            # are in ``kept``
         return kept
 
     def _every(self, u: Node, sub: _Parents, pg: tuple[Any, ...], cg: tuple[Any, ...],
@@ -2360,7 +2373,7 @@ class _Linker:
         declared, hopeless = info
         urid, prid = u.rid, p.rid
         if urid is not None and urid == prid:
-            if p not in self._same_rid(u).get(pg, ()):
+            if p not in self._same_rid_in(u, pg):
                 return None
         else:
             how = "rid" if hopeless else mode((pg, cg))
@@ -2382,7 +2395,7 @@ class _Linker:
         for q, e in enumerate(links):
             u, pg = e.child, e.pgroup
             urid = u.rid
-            out[q] = len(self._same_rid(u).get(pg, ())) if urid is not None else 0
+            out[q] = len(self._same_rid_in(u, pg)) if urid is not None else 0
             info = self.pair_info[(pg, e.cgroup)]
             how = "rid" if info[1] else mode((pg, e.cgroup))
             if how == "rid":
