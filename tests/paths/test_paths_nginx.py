@@ -156,6 +156,14 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     name = str(request.param)
     outdir = tmp_path_factory.mktemp(f"nginx-{name}")
     truth = run(outdir, MODES[name])
+    lab = load_lab(name, outdir, truth)
+    print(f"\n[{name}] capture, keys, truth and profile in {outdir}")
+    return lab
+
+
+def load_lab(name: str, outdir: Path, truth: dict[str, Any]) -> Lab:
+    """netdiag's analysis of a run's capture (with its key log and profile) beside the
+    run's truth."""
     sink = _Sink()
     analyze([str(outdir / truth["files"]["capture"])], sink,
             Options(keylog=KeyLog.from_file(str(outdir / truth["files"]["keylog"]))))
@@ -171,7 +179,6 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     for n, hops in lab.wire.items():
         for hop, w in hops.items():
             lab.truth_of[wire_ident(w)] = (n, hop)
-    print(f"\n[{name}] capture, keys, truth and profile in {outdir}")
     return lab
 
 
@@ -279,6 +286,27 @@ def test_chains_match_the_wire_truth(lab: Lab) -> None:
     print(report)
     _record(lab, "linking", {"share": share, "errors": {str(n): m for n, m in errors.items()}})
     assert share >= MIN_SHARE, report
+
+
+SAVED_BURST = Path(__file__).resolve().parent / "data" / "nginx-c16-burst"
+"""A run of ``c16-pools-ids-off`` (seed 1) whose linking failed this test in CI on an idle
+machine (``data/nginx-c16-burst/README.md``)."""
+
+
+@pytest.mark.xfail(strict=True, reason="known: in a burst of 16 concurrent calls without "
+                   "request ids, the linker gives one router request two origin calls "
+                   "and links 45 of 48 exactly (docs/profiles.md, 'What timing cannot "
+                   "tell')")
+def test_chains_of_a_saved_burst_match_the_wire_truth() -> None:
+    """The capture of a run that linked 45 of 48 requests exactly, kept with its key log,
+    profile and wire truth: strict, so that it fails once the linker gets it right and
+    this mark has to go."""
+    truth = json.loads((SAVED_BURST / "truth.json").read_text())
+    lab = load_lab("saved-c16-burst", SAVED_BURST, truth)
+    errors = chain_errors(lab)
+    share = (lab.requests - len(errors)) / lab.requests
+    assert len(lab.wire) == lab.requests == 48
+    assert share >= MIN_SHARE, f"linked exactly {share:.0%}: {errors}"
 
 
 def test_budget_counts_only_client_requests(lab: Lab) -> None:
