@@ -6,6 +6,7 @@ and an AAAA after an empty A."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import threading
 import time
@@ -95,11 +96,23 @@ class Server:
 
 @contextlib.contextmanager
 def _serving(server: Server) -> Iterator[int]:
-    server.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.udp.bind(("127.0.0.1", 0))
-    port = server.udp.getsockname()[1]
-    server.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.tcp.bind(("127.0.0.1", port))
+    # one port number for UDP and TCP: the UDP port the system chose may be a TCP port
+    # in use (an ephemeral port of another test's connection): then another pair
+    for _attempt in range(50):
+        server.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.udp.bind(("127.0.0.1", 0))
+        port = server.udp.getsockname()[1]
+        server.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            server.tcp.bind(("127.0.0.1", port))
+            break
+        except OSError as e:
+            server.udp.close()
+            server.tcp.close()
+            if e.errno != errno.EADDRINUSE:
+                raise
+    else:
+        pytest.fail("no port free for both UDP and TCP in 50 tries")
     server.tcp.listen()
     threads = [threading.Thread(target=server.serve_udp, daemon=True),
                threading.Thread(target=server.serve_tcp, daemon=True)]
