@@ -659,8 +659,10 @@ class Driver:
             if pooled:
                 conn = await self._ramp_pool(source, ip, port, name).get()
                 sent = loop.time()
-                record["sent_ts"] = round(time.time(), 6)
+                before = time.time()
+                record["sent_ts"] = round(before, 6)
                 ex = conn.start(headers, False, on_headers)
+                record["written_ts"] = [round(before, 6), round(time.time(), 6)]
                 await conn.send_data_when_open(ex.stream_id, body)
             else:
                 sock = bound_socket(source)
@@ -670,6 +672,8 @@ class Driver:
                     ip, port, name, self.ctx, sock, p.client_timeout_s,
                     first=(headers, body, on_headers))
                 ex = conn.first
+                if conn.first_written is not None:
+                    record["written_ts"] = [round(t, 6) for t in conn.first_written]
             assert ex is not None
             stream_id = ex.stream_id
             status, resp_headers = await ex.response()

@@ -20,6 +20,7 @@ import errno
 import os
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol, TypeVar
 
@@ -162,6 +163,10 @@ class H2ClientConnection(asyncio.Protocol):
         self._window = asyncio.Event()
         self._first: tuple[list[tuple[str, str]], bytes, OnHeaders | None] | None = None
         self.first: Exchange | None = None
+        self.first_written: tuple[float, float] | None = None
+        """Wall-clock readings (``time.time()``) right before and right after the first
+        request (``open``'s ``first``) was written to the socket: its HEADERS crossed the
+        wire between the two, however late the process ran."""
 
     @classmethod
     async def open(cls, ip: str, port: int, sni: str | None, ctx: ssl.SSLContext | None,
@@ -195,12 +200,16 @@ class H2ClientConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.local = "{}:{}".format(*transport.get_extra_info("sockname")[:2])
         self.conn.initiate_connection()
-        if self._first is not None:
-            headers, body, on_headers = self._first
-            self.first = self.start(headers, not body, on_headers, flush=False)
-            if body:
-                self.send_data(self.first.stream_id, body, flush=False)
+        if self._first is None:
+            self.flush()
+            return
+        headers, body, on_headers = self._first
+        self.first = self.start(headers, not body, on_headers, flush=False)
+        if body:
+            self.send_data(self.first.stream_id, body, flush=False)
+        before = time.time()
         self.flush()
+        self.first_written = (before, time.time())
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
