@@ -23,9 +23,11 @@ id of a request when exactly one of its words is one (``Request.named_ids``: a
 rate-limit script called with it, a key ``idem:<id>``).
 
 **Assignment.** Per parent group and child kind, children are assigned to parents as a
-matching over the whole capture, each parent taking at most one child of the kind
-(then, for children left over, a second call of the same kind): edges are taken in
-order of cost, cheapest first. The cost of an edge is how far its timing strays from
+matching over the whole capture, each parent taking at most one child of the kind:
+edges are taken in order of cost, cheapest first. In the last round a child left over
+first takes its cheapest augmenting path to a parent without a child (others moving
+along, each to another parent that contains it: :func:`_augment`), then a second call
+of the same kind where none frees a parent. The cost of an edge is how far its timing strays from
 what that pair of hops does typically (the start offset ``U.ts - P.ts`` of a call made
 on arrival, the request-end offset ``U.ts - P.end`` of a call made once ``P``'s body was
 in, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is relayed:
@@ -1164,6 +1166,7 @@ def _assign(edges: list[_Edge], second: bool,
     _relayed_together(taken, edges, anchors)
     _fifo_repair(taken, edges, anchors)
     if second:
+        _augment(taken, edges)
         extra: set[int] = set()
         for e in edges:
             c, p = id(e.child), id(e.parent)
@@ -1172,6 +1175,110 @@ def _assign(edges: list[_Edge], second: bool,
             taken[c] = e
             extra.add(p)
     return taken
+
+
+MAX_AUGMENT_DEPTH: Final = 8
+"""Most children one augmenting path (:func:`_augment`) links anew."""
+AUGMENT_WORK: Final = 16
+"""Edges an assignment's augmenting paths may look at, per edge of the assignment
+(:func:`_augment`): linear time whatever the overlap."""
+
+
+def _augment(taken: dict[int, _Edge], edges: Sequence[_Edge]) -> None:
+    """Children left without a link while a parent of theirs is free only through other
+    children: link each along its cheapest augmenting path (up to
+    :data:`MAX_AUGMENT_DEPTH` children, of timing cost below the late penalty), each
+    child on it moving to the next child's parent and the last to a free parent, so that
+    the second calls of the last round go only to parents that no chain of moves could
+    leave with none. Links by equal ids never move. ``edges`` sorted by cost."""
+    by_child: dict[int, list[_Edge]] = {}
+    holder: dict[int, int] = {}  # parent id -> the child id holding it
+    for c, e in taken.items():
+        holder[id(e.parent)] = c
+    free = False
+    for e in edges:
+        if e.rid:
+            continue
+        lst = by_child.get(id(e.child))
+        if lst is None:
+            by_child[id(e.child)] = [e]
+        else:
+            lst.append(e)
+        if id(e.parent) not in holder:
+            free = True
+    if not free:
+        return
+    budget = AUGMENT_WORK * len(edges)
+    for u in by_child:
+        if u in taken:
+            continue
+        path, budget = _augmenting_path(u, by_child, taken, holder, budget)
+        for e in path or ():
+            c = id(e.child)
+            taken[c] = e
+            holder[id(e.parent)] = c
+        if budget <= 0:
+            return
+
+
+def _augmenting_path(u: int, by_child: Mapping[int, list[_Edge]], taken: Mapping[int, _Edge],
+                     holder: Mapping[int, int], budget: int
+                     ) -> tuple[list[_Edge] | None, int]:
+    """The cheapest path (:func:`_augment`) from left-over child ``u`` to a free parent,
+    by rounds of relaxation over the children it moves (Bellman-Ford, at most
+    :data:`MAX_AUGMENT_DEPTH` rounds), or None; the budget left."""
+    dist: dict[int, float] = {u: 0.0}
+    via: dict[int, _Edge] = {}  # child id -> the edge that took its parent from it
+    best: list[_Edge] | None = None
+    best_cost = _LATE_PENALTY_MS
+    frontier = [u]
+    for _depth in range(MAX_AUGMENT_DEPTH):
+        nxt: list[int] = []
+        for c in dict.fromkeys(frontier):  # once per round, in the order reached
+            own = taken.get(c)
+            if own is not None and own.rid:
+                continue
+            base = dist[c] - (0.0 if own is None else own.cost)
+            for e in by_child.get(c, ()):
+                budget -= 1
+                p = id(e.parent)
+                if own is not None and e.parent is own.parent:
+                    continue
+                cost = base + e.cost
+                if cost >= best_cost:
+                    continue
+                h = holder.get(p)
+                if h is None:
+                    path = _path_to(c, e, via, u)
+                    if path is not None:
+                        best, best_cost = path, cost
+                elif h != c and cost < dist.get(h, _INF):
+                    dist[h] = cost
+                    via[h] = e
+                    nxt.append(h)
+            if budget <= 0:
+                return best, budget
+        if not nxt:
+            break
+        frontier = nxt
+    return best, budget
+
+
+def _path_to(c: int, last: _Edge, via: Mapping[int, _Edge], u: int) -> list[_Edge] | None:
+    """The edges of the path ending with child ``c`` taking ``last``: each child back to
+    ``u`` takes the parent of the child it displaced; None where the moves loop."""
+    path = [last]
+    seen = {c}
+    while c != u:
+        e = via.get(c)
+        if e is None:
+            return None
+        c = id(e.child)
+        if c in seen:
+            return None
+        seen.add(c)
+        path.append(e)
+    return path
 
 
 def _median_gap(parents: Sequence[Node], anchor: int) -> float | None:

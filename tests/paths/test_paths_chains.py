@@ -359,6 +359,88 @@ def test_answers_relayed_in_one_packet_leave_the_order_to_the_starts() -> None:
     assert got == [("C1", i) for i in range(7)] + [("C2", 0)], got
 
 
+def _held_and_left(costs: dict[tuple[str, str], float], held: dict[str, str],
+                   rid: frozenset[tuple[str, str]] = frozenset()
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[int, Any], list[Any]]:
+    """Router requests (parents) and origin requests (children) by name, a matching that
+    gives child ``c`` parent ``held[c]``, and every edge ``(parent, child): cost`` sorted
+    by cost, as :func:`netdiag.paths.chains._assign` hands them to ``_augment``."""
+    from netdiag.paths.chains import Node, _Edge
+
+    names_p = sorted({p for p, _c in costs})
+    names_c = sorted({c for _p, c in costs})
+    parents = {n: Node.of(k, 0, k.requests[0]) for i, n in enumerate(names_p)
+               for k in [conn(f"P{i}", f"10.0.0.1:{5000 + i}", ROUTER,
+                              [req(10.0 + i, 90.0, 91.0)])]}
+    children = {n: Node.of(k, 0, k.requests[0]) for i, n in enumerate(names_c)
+                for k in [conn(f"K{i}", f"10.0.0.2:{6000 + i}", ORIGIN,
+                               [req(20.0 + i, 60.0, 61.0)])]}
+    pg, cg = ("hop", "ROC", "router"), ("hop", "ROC", "origin")
+    edges = sorted((_Edge(parents[p], children[c], pg, cg, cg, (p, c) in rid, True, False,
+                          0.0, 0.0, None, None, 0.0, cost)
+                    for (p, c), cost in costs.items()), key=lambda e: e.cost)
+    taken = {id(children[c]): e for e in edges for c, p in held.items()
+             if e.child is children[c] and e.parent is parents[p]}
+    return parents, children, taken, edges
+
+
+def test_a_child_left_over_moves_others_along_to_a_free_parent_before_a_second_call() -> None:
+    """Saved nginx burst (tests/paths/data/nginx-c16-burst): the final round gave router
+    request R3 two origin calls while R1 made none; the call left over could reach R1
+    through two others, each moving to the next one's parent. Along the cheapest such
+    path every parent keeps one call; without one, the child stays left over (the second
+    call of the kind is then the caller's to give)."""
+    from netdiag.paths.chains import _augment
+
+    costs = {("R2", "A"): 5.0, ("R1", "A"): 40.0, ("R3", "B"): 10.0, ("R2", "B"): 17.0,
+             ("R3", "C"): 23.0}
+    parents, children, taken, edges = _held_and_left(costs, {"A": "R2", "B": "R3"})
+    _augment(taken, edges)
+    got = {c: taken[id(n)].parent.conn.id for c, n in children.items()}
+    assert got == {"A": parents["R1"].conn.id, "B": parents["R2"].conn.id,
+                   "C": parents["R3"].conn.id}
+    # the cheaper of two paths: C takes R3 from B, which takes R2 from A (to R1: 35 more)
+    # or goes to free R4 (50 more)
+    costs[("R4", "B")] = 60.0
+    parents, children, taken, edges = _held_and_left(costs, {"A": "R2", "B": "R3"})
+    _augment(taken, edges)
+    assert taken[id(children["B"])].parent is parents["R2"]
+    costs[("R4", "B")] = 40.0
+    parents, children, taken, edges = _held_and_left(costs, {"A": "R2", "B": "R3"})
+    _augment(taken, edges)
+    assert taken[id(children["B"])].parent is parents["R4"]
+    assert taken[id(children["A"])].parent is parents["R2"]
+
+
+def test_no_child_moves_where_no_parent_is_free_or_a_link_is_by_id() -> None:
+    """A proxy that makes two calls per request leaves no parent free: nothing moves.
+    A link by equal ids never moves, and a path longer than the bound is not taken."""
+    from netdiag.paths.chains import MAX_AUGMENT_DEPTH, _augment
+
+    costs = {("R1", "A"): 5.0, ("R1", "B"): 6.0, ("R2", "C"): 5.0, ("R2", "D"): 6.0,
+             ("R2", "B"): 9.0}
+    _parents, children, taken, edges = _held_and_left(costs, {"A": "R1", "C": "R2"})
+    before = dict(taken)
+    _augment(taken, edges)
+    assert taken == before and id(children["B"]) not in taken
+    # R0 is free, but A holds R1 by its request id
+    costs = {("R1", "A"): 5.0, ("R0", "A"): 7.0, ("R1", "B"): 6.0}
+    _parents, children, taken, edges = _held_and_left(costs, {"A": "R1"},
+                                                      rid=frozenset({("R1", "A")}))
+    _augment(taken, edges)
+    assert id(children["B"]) not in taken
+    # a chain of moves one child longer than the bound: X0 left over, Xi holds Ri, each
+    # may move to the next parent, the last to free parent R{n}
+    n = MAX_AUGMENT_DEPTH
+    for length, moved in ((n - 1, True), (n, False)):
+        costs = {(f"R{i:02}", f"X{i:02}"): 1.0 for i in range(1, length + 1)}
+        costs.update({(f"R{i + 1:02}", f"X{i:02}"): 2.0 for i in range(length + 1)})
+        held = {f"X{i:02}": f"R{i:02}" for i in range(1, length + 1)}
+        _parents, children, taken, edges = _held_and_left(costs, held)
+        _augment(taken, edges)
+        assert (id(children["X00"]) in taken) is moved, length
+
+
 def test_parents_with_the_same_window_do_not_keep_the_choice_going_round() -> None:
     """Two parents of different groups spanning exactly the same time (crafted, or two
     proxies' requests stamped alike): neither is inside the other, so the choice ends."""
