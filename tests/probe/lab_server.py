@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from port_pair import udp_and_tcp
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "captures" / "make_antho.py"
 
@@ -60,16 +62,7 @@ def load_make_antho() -> Any:
 
 def _udp_and_tcp(m: Any, ip: str) -> tuple[socket.socket, socket.socket]:
     """A UDP and a listening TCP socket on the same free port of ``ip``."""
-    for _ in range(20):
-        udp = m._listening_socket(ip, 0, socket.SOCK_DGRAM)
-        port = udp.getsockname()[1]
-        try:
-            tcp = m._listening_socket(ip, port, socket.SOCK_STREAM)
-        except m.LabError:
-            udp.close()
-            continue
-        return udp, tcp
-    raise RuntimeError(f"no free port for UDP and TCP on {ip}")
+    return udp_and_tcp(lambda port, kind: m._listening_socket(ip, port, kind), m.LabError)
 
 
 def _dns_tcp(handler: Any) -> Any:

@@ -20,6 +20,7 @@ import dns.rcode
 import dns.resolver
 import dns.rrset
 import pytest
+from port_pair import udp_and_tcp
 
 from netdiag.probe.dns import run_dns_probe
 from netdiag.probe.stamped_dns import StampedNameserver, Stamps, stamped
@@ -94,25 +95,26 @@ class Server:
                 conn.sendall(len(out).to_bytes(2, "big") + out)
 
 
+class _PortTaken(Exception):
+    pass
+
+
+def _bound(port: int, kind: socket.SocketKind) -> socket.socket:
+    s = socket.socket(socket.AF_INET, kind)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError as e:
+        s.close()
+        if e.errno == errno.EADDRINUSE:
+            raise _PortTaken from e
+        raise
+    return s
+
+
 @contextlib.contextmanager
 def _serving(server: Server) -> Iterator[int]:
-    # one port number for UDP and TCP: the UDP port the system chose may be a TCP port
-    # in use (an ephemeral port of another test's connection): then another pair
-    for _attempt in range(50):
-        server.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        server.udp.bind(("127.0.0.1", 0))
-        port = server.udp.getsockname()[1]
-        server.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            server.tcp.bind(("127.0.0.1", port))
-            break
-        except OSError as e:
-            server.udp.close()
-            server.tcp.close()
-            if e.errno != errno.EADDRINUSE:
-                raise
-    else:
-        pytest.fail("no port free for both UDP and TCP in 50 tries")
+    server.udp, server.tcp = udp_and_tcp(_bound, _PortTaken)
+    port = server.udp.getsockname()[1]
     server.tcp.listen()
     threads = [threading.Thread(target=server.serve_udp, daemon=True),
                threading.Thread(target=server.serve_tcp, daemon=True)]
