@@ -23,21 +23,21 @@ id of a request when exactly one of its words is one (``Request.named_ids``: a
 rate-limit script called with it, a key ``idem:<id>``).
 
 **Assignment.** Per parent group and child kind, children are assigned to parents as a
-matching over the whole capture, each parent taking at most one child of the kind:
-edges are taken in order of cost, cheapest first. In the last round a child left over
-first takes its cheapest augmenting path to a parent without a child (others moving
-along, each to another parent that contains it: :func:`_augment`), then a second call
-of the same kind where none frees a parent. The cost of an edge is how far its timing strays from
-what that pair of hops does typically (the start offset ``U.ts - P.ts`` of a call made
-on arrival, the request-end offset ``U.ts - P.end`` of a call made once ``P``'s body was
-in, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is relayed:
-whichever is steadier for the pair), plus penalties for a different method, path or body
-size, for a call after ``P``'s first byte, and, where the pair relays answers, for a
-parent that answered before the child; sending from the parent's server address lowers
-it a little. The typical offsets come from first matchings by adjacency, one per
-anchor. A child linked through several hops (an origin request lies inside both the
-router's and the edge's request) goes to the nearest hop that its own assignment made
-the child's caller (:func:`_innermost`), else to the innermost parent.
+matching over the whole capture, each parent taking at most one child of the kind: edges
+are taken in order of cost, cheapest first. In the last round a child left over first
+takes its cheapest augmenting path to a parent without a child (others moving along,
+each to another parent that contains it: :func:`_augment`), then a second call of the
+same kind where none frees a parent. The cost of an edge is how far its timing strays
+from what that pair of hops does typically (the start offset ``U.ts - P.ts`` of a call
+made on arrival, the request-end offset ``U.ts - P.end`` of a call made once ``P``'s
+body was in, the end offset ``P.first_byte - U.first_byte`` of a call whose answer is
+relayed: whichever is steadier for the pair), plus penalties for a different method,
+path or body size, for a call after ``P``'s first byte, and, where the pair relays
+answers, for a parent that answered before the child; sending from the parent's server
+address lowers it a little. The typical offsets come from first matchings by adjacency,
+one per anchor. A child linked through several hops (an origin request lies inside both
+the router's and the edge's request) goes to the nearest hop that its own assignment
+made the child's caller (:func:`_innermost`), else to the innermost parent.
 
 **Bounded.** Under load a proxy holds hundreds of requests open at once, and each of
 its upstream requests lies inside all of them; linking costs requests times the
