@@ -79,15 +79,21 @@ def _in_their_slots(keyed: Connection, est: list[Request]) -> None:
         since = t.ts_ns + 1
 
 
+def _nearest(est: list[Request], t: Request) -> Request:
+    """The estimate nearest in time to true request ``t``: how a true request and its
+    estimate are paired."""
+    return min(est, key=lambda r: abs(r.ts_ns - t.ts_ns))
+
+
 def _answers_in_their_slots(truth: list[Request], est: list[Request]) -> None:
-    """Each true request's nearest estimate (as :func:`_agreement` pairs them) has its
+    """Each true request's nearest estimate (:func:`_nearest`) has its
     first byte at or after its own start and at most 1 ms after the true first byte. A
     loaded machine can make the estimate early (a server packet of the handshake's tail,
     or another answer, that came after the estimated start: the estimate takes it for the
     answer), never late: the true answer's first packet is a server packet after the
     request, which the estimate would have taken."""
     for t in truth:
-        e = min(est, key=lambda r: abs(r.ts_ns - t.ts_ns))
+        e = _nearest(est, t)
         assert t.first_byte_ns is not None and e.first_byte_ns is not None
         assert e.ts_ns <= e.first_byte_ns <= t.first_byte_ns + 1_000_000, (
             e.ts_ns, e.first_byte_ns, t.ts_ns, t.first_byte_ns)
@@ -97,7 +103,7 @@ def _agreement(truth: list[Request], est: list[Request]) -> dict[str, Any]:
     """Per true request, the estimate nearest in time: ts and TTFB differences (ms)."""
     dts, dttfb = [], []
     for t in truth:
-        e = min(est, key=lambda r: abs(r.ts_ns - t.ts_ns))
+        e = _nearest(est, t)
         dts.append((e.ts_ns - t.ts_ns) / 1e6)
         assert t.first_byte_ns is not None
         dttfb.append(None if e.first_byte_ns is None else
