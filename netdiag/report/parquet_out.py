@@ -746,20 +746,34 @@ def _times(ts: Any) -> Any:
     return pc.cast(pc.cast(us, pa.int64()), pa.timestamp("us", tz="UTC"))
 
 
+def _by_column(rows: list[dict[str, Any]], names: list[str]) -> list[list[Any]]:
+    """The values of ``rows`` column by column, in the order of ``names`` (None where a row
+    has no such key; keys without a column left out). Each row's own keys are walked, not
+    every column of every row: a row holds a few dozen of the columns, most of them not
+    null."""
+    place = {name: j for j, name in enumerate(names)}
+    count = len(rows)
+    cols: list[list[Any]] = [[None] * count for _ in names]
+    for i, row in enumerate(rows):
+        for k, v in row.items():
+            j = place.get(k, -1)
+            if j >= 0:
+                cols[j][i] = v
+    return cols
+
+
 def to_table(table: str, rows: list[dict[str, Any]], metadata: dict[str, str]) -> Any:
     """``rows`` (from the ``*_rows`` functions) as a ``pyarrow.Table`` of ``table``'s
     schema."""
     pa = _pyarrow()[0]
     schema = arrow_schema(table, metadata)
-    try:
-        # one call into Arrow for every column (a Python loop of row.get per column and
-        # row was a tenth of a big capture's report)
-        out = pa.Table.from_pylist(rows, schema=schema)
-    except UnicodeEncodeError:  # a lone surrogate somewhere: column by column, scrubbed
-        out = pa.Table.from_arrays(
-            [pa.nulls(len(rows), field.type) if field.name in TIME_OF
-             else _array([r.get(field.name) for r in rows], field.type) for field in schema],
-            schema=schema)
+    # the columns gathered from each row's own keys, then one conversion per column
+    # (``Table.from_pylist`` looks every column up in every row: most of its time)
+    cols = _by_column(rows, schema.names)
+    out = pa.Table.from_arrays(
+        [pa.nulls(len(rows), field.type) if field.name in TIME_OF
+         else _array(col, field.type) for field, col in zip(schema, cols, strict=True)],
+        schema=schema)
     for i, field in enumerate(schema):  # the derived times, null so far
         if field.name in TIME_OF:
             ts = out.column(schema.get_field_index(TIME_OF[field.name]))

@@ -731,6 +731,34 @@ def test_a_lazy_document_renders_each_connection_once(doc_keys: dict[str, Any],
         assert a.name == b.name and a.read_bytes() == b.read_bytes()
 
 
+def test_columns_gathered_from_each_row_are_what_arrow_gathers(doc: dict[str, Any]) -> None:
+    """``to_table`` gathers each column from the rows' own keys, not by looking every
+    column up in every row as ``Table.from_pylist`` does: the same table as pyarrow's own
+    gathering, on the real rows plus a row with none of the columns, a row with a key no
+    column has, and a row whose keys come in another order (the derived ``time`` aside,
+    which ``to_table`` computes from ``ts``)."""
+    from netdiag.report.parquet_out import TIME_OF, connection_and_request_rows, to_table
+
+    conns: list[dict[str, Any]] = []
+    reqs: list[dict[str, Any]] = []
+    connection_and_request_rows(doc, conns, reqs)
+    assert conns and reqs
+    for name, got in (("connections", conns), ("requests", reqs)):
+        first = got[0]
+        made = [*got, {}, {"no such column": 1, **first},
+                dict(reversed(list(first.items())))]
+        ours = to_table(name, made, {"k": "v"})
+        schema = ours.schema
+        theirs = pa.Table.from_pylist(made, schema=schema)
+        assert schema.metadata == {b"k": b"v"}
+        for field in schema:
+            if field.name in TIME_OF:
+                continue
+            assert ours.column(field.name).to_pylist() == \
+                theirs.column(field.name).to_pylist(), (name, field.name)
+        assert ours.num_rows == len(made)
+
+
 @pytest.mark.parametrize("batch", [1, 3, 10_000])
 def test_rows_taken_in_batches_give_the_same_tables(doc_keys: dict[str, Any], tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
