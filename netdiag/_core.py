@@ -62,13 +62,15 @@ COMPILED_MODULES: tuple[str, ...] = (
     "netdiag.report.har",
     "netdiag.report.csv_out",
     "netdiag.report.parquet_out",
+    "netdiag.report.svg",
+    "netdiag.report.html",
 )
 """The modules mypyc compiles (the per-packet path, DNS message parsing, the keyless TLS
 record walk, HPACK decoding, the HTTP/2 analyzer and its event-stream counter, record
 decryption and the decrypting TLS analyzer, RESP, the summary and its per-request loop,
 and the path analysis: hop linking, attribution, the edge facts, the budgets and the load
-over time, and the HAR, CSV and Parquet writers); everything else is pure Python
-(HTTP/1.x, QUIC and HTTP/3, the HTML page too)."""
+over time, and the HAR, CSV, Parquet and HTML writers with the HTML page's charts);
+everything else is pure Python (HTTP/1.x, QUIC and HTTP/3 among them)."""
 GROUP_NAME = "netdiag._core"
 """mypyc group name: its shared library is the extension module ``netdiag._core__mypyc``
 (inside the package, which an editable install maps onto the source tree)."""

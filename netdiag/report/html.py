@@ -639,9 +639,9 @@ def _paths(doc: dict[str, Any]) -> str:
                                         for n in names) + "</tr>")
     rows: list[list[str | None]] = []
     for lab, fld in (("requests", "requests"), ("connections", "connections")):
-        rows.append([esc(lab)] + [c for n in names for c in (_int(paths[n].get(fld)), None)])
-    rows.append(["connection reuse"]
-                + [c for n in names for c in (esc(_pct(paths[n].get("reuse_rate"))), None)])
+        rows.append([esc(lab), *(c for n in names for c in (_int(paths[n].get(fld)), None))])
+    rows.append(["connection reuse",
+                 *(c for n in names for c in (esc(_pct(paths[n].get("reuse_rate"))), None))])
     for lab, key in _budget_rows(paths):
         cells: list[str | None] = [clip(lab, 60)]
         for n in names:
@@ -996,7 +996,7 @@ def _conn_waterfall(c: dict[str, Any], dns: dict[str, Any] | None, draw: bool = 
             if ttlb is not None and ttlb > ttfb:
                 row.bars.append(Bar(x + ttfb, x + ttlb, "ph-recv",
                                     f"transfer: {fmt_ms(ttlb - ttfb)}"))
-        gaps = [g for g in _l(r.get("chunk_gaps_ms")) if num(g) is not None]
+        gaps = [v for g in _l(r.get("chunk_gaps_ms")) for v in (num(g),) if v is not None]
         if gaps and ttfb is not None:
             first = num(r.get("first_event_ms"))
             if first is not None:

@@ -75,7 +75,7 @@ def nice_step(span: float, target: int = 6) -> float:
     if span <= 0 or not math.isfinite(span):
         return 1.0
     raw = span / max(target, 1)
-    mag = 10 ** math.floor(math.log10(raw))
+    mag = 10.0 ** math.floor(math.log10(raw))
     for m in (1, 2, 2.5, 5, 10):
         if raw <= m * mag:
             return m * mag
@@ -232,10 +232,10 @@ def cdf_chart(series: Sequence[Series], label: str, width: int = 1150, height: i
                    f'<title>{esc(s.name)}: {n} samples</title></path>')
     ly = top + plot_h + 34
     for i, s in enumerate(series):
-        yy = ly + i * 20
-        out.append(f'<rect class="fill s{s.index % SERIES}" x="{left}" y="{yy - 9}" '
+        row_y = ly + i * 20
+        out.append(f'<rect class="fill s{s.index % SERIES}" x="{left}" y="{row_y - 9}" '
                    f'width="14" height="10" rx="2"/>')
-        out.append(f'<text class="lg" x="{left + 20}" y="{yy}">{clip(s.name, 60)}'
+        out.append(f'<text class="lg" x="{left + 20}" y="{row_y}">{clip(s.name, 60)}'
                    f'<tspan class="ax"> {esc(s.note)}</tspan></text>')
     out.append("</svg>")
     return "".join(out)
