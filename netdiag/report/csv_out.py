@@ -202,6 +202,19 @@ class Rows:
         self._keys, self._values = [], []
 
 
+def quoted(text: str) -> str:
+    """``text`` as the ``csv`` module writes a cell of a row of several (``QUOTE_MINIMAL``,
+    the default dialect): in double quotes, its own doubled, when it holds a comma, a
+    double quote, a carriage return or a line feed; else as it is."""
+    if "," in text or '"' in text or "\r" in text or "\n" in text:
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+LINES_BATCH = 512
+"""Lines of a table joined into one write."""
+
+
 def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
@@ -210,31 +223,55 @@ def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> N
         # each row's values laid over a copy of the empty row: a row holds a few of the
         # many columns, so only the values it has are walked, not every cell
         place = {k: i for i, k in enumerate(header)}
-        empty: list[Any] = [None] * len(place)
+        if len(place) < 2:  # a row of one cell: the csv module's own rule for an empty one
+            for keys, values in rows:
+                one: list[str] = [""] * len(place)
+                for k, v in zip(keys, values, strict=True):
+                    i = place.get(k, -1)
+                    if i >= 0 and v is not None:
+                        one[i] = _text_cell(v, excel_safe)
+                w.writerow(one)
+            return
+        # the cells made text here and each line joined, as the csv module writes them
+        # (None empty, an int by str(), a float by repr(), quoted where it must be): its
+        # writer looked at every character of every cell, numbers and empty ones too
+        empty: list[str] = [""] * len(place)
         places: dict[tuple[str, ...], list[int]] = {}  # per shape: each key's column
+        lines: list[str] = []
         for keys, values in rows:
             at = places.get(keys)
             if at is None:
                 # -1: the parent of flattened columns of other rows, not a column
                 at = places[keys] = [place.get(k, -1) for k in keys]
             cells = empty.copy()
-            # the writer itself prints None as an empty cell, an int with str() and a
-            # float with repr(), as _cell does: only the other values are converted here
-            # (a call per cell was most of the time of a big capture's files)
             for i, v in zip(at, values, strict=True):
-                if i < 0:
+                if i < 0 or v is None:
                     continue
                 t = v.__class__
-                if t is str:
-                    if excel_safe and v.startswith(FORMULA_START):
-                        v = "'" + v
-                elif t is not int and t is not float and v is not None:
-                    c = _cell(v)
-                    if excel_safe and isinstance(v, str):  # a subclass of str
-                        c = defuse(c)
-                    v = c
-                cells[i] = v
-            w.writerow(cells)
+                if t is float:
+                    cells[i] = repr(v)
+                elif t is int:
+                    cells[i] = str(v)
+                else:
+                    cells[i] = quoted(_text_cell(v, excel_safe))
+            lines.append(",".join(cells))
+            if len(lines) >= LINES_BATCH:
+                lines.append("")
+                f.write("\r\n".join(lines))
+                lines = []
+        if lines:
+            lines.append("")
+            f.write("\r\n".join(lines))
+
+
+def _text_cell(v: Any, excel_safe: bool) -> str:
+    """A cell's text before quoting: text as it is (defused), else :func:`_cell`."""
+    if v.__class__ is str:
+        return defuse(v) if excel_safe else v
+    c = _cell(v)
+    if excel_safe and isinstance(v, str):  # a subclass of str
+        c = defuse(c)
+    return c
 
 
 def _dns_dicts(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:

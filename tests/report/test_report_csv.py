@@ -292,6 +292,55 @@ def test_rows_of_different_keys_each_land_in_their_columns(tmp_path: Path) -> No
         ["x", "1", ""], ["y", "2.5", ""], ["'=z", "", "TLS 1.3"], ["", "[1,2]", ""])])
 
 
+_CELL_TEXT = st.text(alphabet=st.sampled_from(
+    ["a", " ", ",", '"', "\r", "\n", "\x00", "=", "+", "-", "@", "\t", "é", "\u2028", "'"]),
+    max_size=6)
+_CELL = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+         | _CELL_TEXT | st.lists(st.integers(0, 9) | _CELL_TEXT, max_size=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), _CELL, max_size=4),
+                max_size=12),
+       st.booleans(), st.sampled_from([1, 2, 512]))
+def test_lines_are_what_the_csv_module_writes(dicts: list[dict[str, Any]], excel_safe: bool,
+                                              batch: int) -> None:
+    """``_write`` makes each line itself (the ``csv`` module's writer looked at every
+    character of every cell): the same bytes as that writer gives for the same cells,
+    whatever the text (commas, quotes, line ends, NULs, formulas), numbers, empty cells
+    and lists, defused or not, however many lines go in one write."""
+    import io
+    import tempfile
+
+    import netdiag.report.csv_out as csv_out
+    from netdiag.report.csv_out import Rows, _write, defuse
+
+    header = ["a", "b", "c", "d"]
+    want = io.StringIO()
+    w = csv.writer(want, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
+    w.writerow(header)
+    for d in dicts:
+        cells: list[Any] = []
+        for k in header:
+            v = d.get(k)
+            if isinstance(v, str):
+                v = defuse(v) if excel_safe else v
+            elif v is not None and type(v) not in (int, float):
+                v = cell(v)
+            cells.append(v)
+        w.writerow(cells)
+    old = csv_out.LINES_BATCH
+    csv_out.LINES_BATCH = batch
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.csv"
+            _write(path, header, Rows(dicts), excel_safe)
+            got = path.read_bytes()
+    finally:
+        csv_out.LINES_BATCH = old
+    assert got == want.getvalue().encode("utf-8")
+
+
 @pytest.mark.parametrize("batch", [1, 3, 10_000])
 def test_rows_kept_in_batches_write_the_same_files(doc_keys: dict[str, Any], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
