@@ -26,8 +26,10 @@ written as Python prints them (full precision), lists and objects that are not
 flattened (``answers``, ``evidence``, headers, ``chunk_gaps_ms``) are compact JSON.
 Columns come in a fixed order: the contract's fields in the order CONTRACT.md lists
 them, then any other column in alphabetical order, so two reports of the same netdiag
-version have the same header. Quoting follows RFC 4180 (``csv`` module, CRLF line
-ends, UTF-8 without BOM).
+version have the same header. Quoting follows RFC 4180 as the ``csv`` module writes it
+(minimal quoting: a cell in double quotes, its own doubled, only when it holds a comma, a
+double quote or a line end; the data lines are joined here, to the same bytes), CRLF line
+ends, UTF-8 without BOM.
 
 Spreadsheets run cells that begin with ``=``, ``+``, ``-`` or ``@`` (or a tab or a
 carriage return before one) as formulas, and a capture is untrusted input (a DNS name,
