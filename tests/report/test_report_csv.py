@@ -341,6 +341,27 @@ def test_lines_are_what_the_csv_module_writes(dicts: list[dict[str, Any]], excel
     assert got == want.getvalue().encode("utf-8")
 
 
+def test_a_table_of_one_column_is_what_the_csv_module_writes(tmp_path: Path) -> None:
+    """A table of one column keeps the ``csv`` module's writer, whose rule for a row of
+    one empty cell (``""``, not an empty line) the joined lines do not have: the same
+    bytes as that writer for empty, missing, quoted, numeric and formula cells."""
+    import io
+
+    from netdiag.report.csv_out import Rows, _write
+
+    dicts: list[dict[str, Any]] = [{"a": ""}, {}, {"a": None}, {"a": 'x,"y"'}, {"a": 1.5},
+                                   {"a": 7}, {"a": "=1+1"}, {"a": [1, 2]}, {"b": "no column"}]
+    want = io.StringIO()
+    w = csv.writer(want, lineterminator="\r\n")
+    w.writerow(["a"])
+    for v in ["", None, None, 'x,"y"', 1.5, 7, "'=1+1", "[1,2]", None]:
+        w.writerow([v])
+    path = tmp_path / "one.csv"
+    _write(path, ["a"], Rows(dicts), excel_safe=True)
+    assert path.read_bytes() == want.getvalue().encode("utf-8")
+    assert path.read_bytes().count(b'\r\n""\r\n') >= 1  # an empty row is not a blank line
+
+
 @pytest.mark.parametrize("batch", [1, 3, 10_000])
 def test_rows_kept_in_batches_write_the_same_files(doc_keys: dict[str, Any], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
