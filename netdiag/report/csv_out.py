@@ -225,15 +225,6 @@ def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> N
         # each row's values laid over a copy of the empty row: a row holds a few of the
         # many columns, so only the values it has are walked, not every cell
         place = {k: i for i, k in enumerate(header)}
-        if len(place) < 2:  # a row of one cell: the csv module's own rule for an empty one
-            for keys, values in rows:
-                one: list[str] = [""] * len(place)
-                for k, v in zip(keys, values, strict=True):
-                    i = place.get(k, -1)
-                    if i >= 0 and v is not None:
-                        one[i] = _text_cell(v, excel_safe)
-                w.writerow(one)
-            return
         # the cells made text here and each line joined, as the csv module writes them
         # (None empty, an int by str(), a float by repr(), quoted where it must be): its
         # writer looked at every character of every cell, numbers and empty ones too
@@ -256,7 +247,9 @@ def _write(path: Path, header: Sequence[str], rows: Rows, excel_safe: bool) -> N
                     cells[i] = str(v)
                 else:
                     cells[i] = quoted(_text_cell(v, excel_safe))
-            lines.append(",".join(cells))
+            line = ",".join(cells)
+            # the csv module writes a row of one empty cell as "", not as an empty line
+            lines.append(line if line or not cells else '""')
             if len(lines) >= LINES_BATCH:
                 lines.append("")
                 f.write("\r\n".join(lines))

@@ -342,9 +342,9 @@ def test_lines_are_what_the_csv_module_writes(dicts: list[dict[str, Any]], excel
 
 
 def test_a_table_of_one_column_is_what_the_csv_module_writes(tmp_path: Path) -> None:
-    """A table of one column keeps the ``csv`` module's writer, whose rule for a row of
-    one empty cell (``""``, not an empty line) the joined lines do not have: the same
-    bytes as that writer for empty, missing, quoted, numeric and formula cells."""
+    """A table of one column follows the ``csv`` module's rule for a row of one empty
+    cell (``""``, not an empty line): the same bytes as that writer for empty, missing,
+    quoted, numeric and formula cells."""
     import io
 
     from netdiag.report.csv_out import Rows, _write
