@@ -404,7 +404,11 @@ class ShardRun(_Run):
         if spill is not None:
             self._spill_before(END + 1)
             spill.done()
-        return ShardOutput(self.events, self.udp_warnings, self.udp_suppressed,
+        # handed over, not shared: this run is garbage in a cycle (its table's callbacks
+        # are its bound methods) that the tuned collector may leave until the exit, and
+        # the events must go with the merge, not stay through the path analysis
+        events, self.events = self.events, []
+        return ShardOutput(events, self.udp_warnings, self.udp_suppressed,
                            dns.stats["warnings_suppressed"], self.client_randoms,
                            self.first_sync, self.expire_heads, self.expired_last,
                            {k: v for k, v in own.items() if v}, dict(fragments),
