@@ -922,6 +922,12 @@ def _rank(n: Node, anchor: int, child: bool = False) -> int:
     return r[4] if anchor == _REND else r[0]
 
 
+def _child_start_rank(n: Node) -> int:
+    """The node's place in the order by start as a child (:func:`_rank` of
+    :data:`_START` or :data:`_REND`, ``child``)."""
+    return n.ranks[2]
+
+
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, anchor: int) -> bool:
     """Parents and children in the same order (first come, first served). Two answers
     relayed in one packet say nothing of their order: their starts decide then."""
@@ -1506,9 +1512,11 @@ class _Parents:
         starts = [n.ts_ns for n in lst]
         ends = [n.window_end_ns for n in lst]
         longest = max((e - s for s, e in zip(starts, ends, strict=True)), default=0)
-        fb_pos = sorted((k for k, n in enumerate(lst) if n.fb_ns is not None),
-                        key=lambda k: (lst[k].fb_ns, k))
-        fbs = [lst[k].fb_ns or 0 for k in fb_pos]
+        fb_all = [n.fb_ns or 0 for n in lst]
+        # positions listed in order, then a stable sort: by (first byte, position)
+        fb_pos = [k for k, n in enumerate(lst) if n.fb_ns is not None]
+        fb_pos.sort(key=fb_all.__getitem__)
+        fbs = [fb_all[k] for k in fb_pos]
         return cls(lst, starts, ends, longest, fb_pos, fbs, num)
 
     def _orders(self) -> tuple[_Order, _Order, _Order]:
@@ -1543,9 +1551,10 @@ class _Parents:
         """(positions in ``lst``, request ends) in the order the requests ended."""
         pos, keys = self.rend_pos, self.rends
         if pos is None or keys is None:
-            lst = self.lst
-            pos = self.rend_pos = sorted(range(len(lst)), key=lambda k: (lst[k].rend_ns, k))
-            keys = self.rends = [lst[k].rend_ns for k in pos]
+            rend_all = [n.rend_ns for n in self.lst]
+            # a stable sort of the positions in order: by (request end, position)
+            pos = self.rend_pos = sorted(range(len(rend_all)), key=rend_all.__getitem__)
+            keys = self.rends = [rend_all[k] for k in pos]
         return pos, keys
 
     @property
@@ -1585,10 +1594,6 @@ class _PairCount:
 _NEAR: Final = 8
 """Parents :func:`_holds_other` tries one by one before it bisects for the oldest that
 can hold the child."""
-
-
-def _start_of(n: Node) -> int:
-    return n.ts_ns
 
 
 def _holds_other(pc: _PairCount, u_ts: int, u_end: int, uc: Connection) -> bool:
@@ -1813,12 +1818,25 @@ class _Linker:
         own = self.clients.get(pg, set()) - self.servers.get(pg, set())
         return senders <= own
 
+    def _by_start(self) -> list[Node]:
+        """The nodes by (start, connection, index): placed by their first rank
+        (:func:`_set_ranks` numbers that order 0 to n - 1), not sorted."""
+        nodes = self.nodes
+        out = list(nodes)
+        for n in nodes:
+            out[n.ranks[0]] = n
+        return out
+
     def prepare(self) -> None:
         """Groups and their indexes, and per child group the parent groups it may link to
         (decided once per pair of groups; pairs no statistic could accept are marked
         hopeless: only links by equal request ids are built for them)."""
-        groups: dict[tuple[Any, ...], list[Node]] = defaultdict(list)
-        for n in self.nodes:
+        by_start = self._by_start()
+        groups: dict[tuple[Any, ...], list[Node]] = {}
+        for n in self.nodes:  # the groups in the order of their first node
+            if not n.resp and n.group not in groups:
+                groups[n.group] = []
+        for n in by_start:  # each group's nodes by (start, connection, index)
             if not n.resp:
                 groups[n.group].append(n)
         waits: dict[tuple[Any, ...], list[int]] = defaultdict(list)
@@ -1832,13 +1850,12 @@ class _Linker:
             self.servers[g].add(n.server_ip)
         index: dict[tuple[Any, ...], tuple[list[Node], list[int], list[int], list[int], int]] = {}
         for g, lst in groups.items():
-            lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
             ends = [n.window_end_ns for n in lst]
             index[g] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends),
                         max(e - n.ts_ns for n, e in zip(lst, ends, strict=True)))
         self._groups = groups
         by_rid: dict[str, list[Node]] = defaultdict(list)
-        for n in self.nodes:
+        for n in by_start:  # each id's nodes by (start, connection, index)
             r = n.rid
             if r is not None and not n.resp:
                 by_rid[r].append(n)
@@ -1846,14 +1863,13 @@ class _Linker:
             if n.resp and n.req.named_ids is not None:
                 n.rid = _named_id(n.req.named_ids, by_rid)
         for r, lst in by_rid.items():
-            lst.sort(key=lambda n: n.ranks[0])  # by (start, connection, index)
             ends = [n.window_end_ns for n in lst]
             self._rid_index[r] = (lst, [n.ts_ns for n in lst], ends, _block_ends(ends))
         parents_of: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         for cg, pgs in self._overlapping_groups(index).items():
             parents_of[cg] = [(pg, declared, *index[pg]) for pg in pgs
                               for ok, declared in (self._allowed(pg, cg),) if ok]
-        hopeless = self._hopeless_pairs(parents_of)
+        hopeless = self._hopeless_pairs(parents_of, by_start)
         for cg, parents in parents_of.items():
             self.pairs_of[cg] = [(e[0], e[1], (e[0], cg) in hopeless, self._group_slot[e[0]])
                                  for e in parents]
@@ -1962,7 +1978,10 @@ class _Linker:
         parents: dict[tuple[Any, ...], dict[int, Node]] = defaultdict(dict)
         sent_later: dict[tuple[Any, ...], bool] = {}  # per parent group: a request ended late
         for pair, kids in self._children_of_pairs().items():
-            by_start = self._fifo(pair, kids, _START)
+            # the order by start as a child is also the one by the parents' request end
+            # (a child's anchor is its start in both): sorted once
+            in_order = sorted(kids, key=_child_start_rank)
+            by_start = self._fifo(pair, in_order, _START, ordered=True)
             starts.update(_pair_stats({pair: by_start}))
             # an order that took the same links has the same statistics: copied, not
             # computed again (each estimate's are its own object: one is chosen)
@@ -1974,7 +1993,7 @@ class _Linker:
                 later = sent_later[pair[0]] = any(
                     n.rend_ns != n.ts_ns for n in self._groups.get(pair[0], ()))
             if later:  # else its order and offsets are those by start
-                by_rend = self._fifo(pair, kids, _REND)
+                by_rend = self._fifo(pair, in_order, _REND, ordered=True)
                 rends.update(_same_stats(starts, pair) if _same_links(by_start, by_rend)
                              else _pair_stats({pair: by_rend}))
             marked = self._with_candidates(pair, kids)
@@ -1985,7 +2004,8 @@ class _Linker:
         return _estimates(starts, ends, rends,
                           {g: list(d.values()) for g, d in parents.items()})
 
-    def _fifo(self, pair: tuple[Any, Any], kids: list[Node], anchor: int) -> dict[int, _Edge]:
+    def _fifo(self, pair: tuple[Any, Any], kids: list[Node], anchor: int,
+              ordered: bool = False) -> dict[int, _Edge]:
         """First estimate, first come first served: each child in order takes the
         earliest free parent that contains it (an equal request id first) and that it
         does not follow after the parent's first byte. ``anchor`` :data:`_FB`: in the
@@ -1993,13 +2013,15 @@ class _Linker:
         :data:`_REND`: in the order the parents' requests ended, before the child began
         (a call made once the body was in); else of starts (a call made on arrival).
         Parents taken, or whose window closed before every child still to come, are
-        skipped once and for all (:func:`_find`)."""
+        skipped once and for all (:func:`_find`). ``ordered``: ``kids`` are in the
+        anchor's order as children already."""
         pg, cg = pair
         declared, hopeless = self.pair_info[pair]
         end = anchor == _FB
         if end:
             kids = [u for u in kids if u.fb_ns is not None]
-        kids = sorted(kids, key=lambda n: _rank(n, anchor, True))
+        if not ordered:
+            kids = sorted(kids, key=lambda n: _rank(n, anchor, True))
         self._estimates_run += 1
         used = self._estimates_run  # the parents taken: ``taken_in`` equal to it
         future = [0] * len(kids)  # the least end of the children from this one on
@@ -2560,8 +2582,8 @@ class _Linker:
             found[cg] = pgs
         return found
 
-    def _hopeless_pairs(self, parents_of: Mapping[tuple[Any, ...], list[tuple[Any, ...]]]
-                        ) -> set[tuple[Any, Any]]:
+    def _hopeless_pairs(self, parents_of: Mapping[tuple[Any, ...], list[tuple[Any, ...]]],
+                        by_start: list[Node]) -> set[tuple[Any, Any]]:
         """Pairs of groups that no statistic could accept, decided before any link is
         built (most pairs, in a capture of direct traffic): not declared, no parent a
         profile matched, no child sent from a parent's server address, and fewer child
@@ -2569,7 +2591,8 @@ class _Linker:
         group. Such a pair can never be accepted (:meth:`accepted_pairs` wants that
         share of the child group linked, and a link needs a parent around the child),
         and its links would take part in no other pair's assignment; only links by equal
-        request ids are still built for it."""
+        request ids are still built for it. ``by_start``: the nodes by start
+        (:meth:`_by_start`)."""
         sizes: dict[tuple[Any, ...], int] = defaultdict(int)
         for n in self.nodes:
             sizes[n.group] += 1
@@ -2589,7 +2612,7 @@ class _Linker:
         # in order of start (:func:`_holds_other` counts on the parents begun); a pair's
         # verdict does not depend on the order: it stays once its children inside a
         # parent reach the share, which they do, in any order, unless it was hopeless
-        for u in sorted(self.nodes, key=_start_of):
+        for u in by_start:
             cg = u.group
             active = counts[cg]
             if not active:

@@ -176,3 +176,38 @@ def test_arrival_ranks_are_the_arrival_orders() -> None:
         want = sorted(nodes, key=lambda nd: _order(nd, anchor, child))
         got = sorted(nodes, key=lambda nd: _rank(nd, anchor, child))
         assert [nd.key for nd in got] == [nd.key for nd in want]
+
+
+def test_orders_placed_without_sorting_are_the_sorted_ones() -> None:
+    """The orders the linker places instead of sorting (the nodes by start from their
+    first rank; a parent subset's first bytes and request ends as a stable sort of the
+    positions by one value) are those of sorting by the full keys, ties and all."""
+    from netdiag.paths.chains import Node, _Linker, _Parents, _set_ranks
+
+    rng = random.Random(11)
+    conns = []
+    for c in range(60):
+        reqs = []
+        for _ in range(rng.randint(1, 4)):
+            ts = rng.choice([0.0, 1.0, 2.5]) + rng.randint(0, 2)  # many equal starts
+            fb = None if rng.random() < 0.25 else ts + rng.choice([0.5, 1.0])
+            r = req(ts, fb, None if fb is None else fb + 1)
+            if rng.random() < 0.5:
+                r.end_ns = r.ts_ns + rng.choice([0, 250_000])
+            reqs.append(r)
+        conns.append(conn(f"C{c + 1}", "10.0.0.1:5000", ROUTER, reqs))
+    nodes = [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
+    rng.shuffle(nodes)
+    _set_ranks(nodes)
+    linker = _Linker(nodes, set(), {})
+    assert [nd.key for nd in linker._by_start()] == [
+        nd.key for nd in sorted(nodes, key=lambda nd: (nd.ts_ns, nd.conn_id, nd.index))]
+    sub = _Parents.of(nodes)
+    want_fb = sorted((k for k, nd in enumerate(nodes) if nd.fb_ns is not None),
+                     key=lambda k: (nodes[k].fb_ns, k))
+    assert sub.fb_pos == want_fb and sub.fbs == [nodes[k].fb_ns for k in want_fb]
+    assert len(set(sub.fbs)) < len(sub.fbs)  # ties that the positions break
+    pos, ends = sub.rend_keys()
+    want_rend = sorted(range(len(nodes)), key=lambda k: (nodes[k].rend_ns, k))
+    assert pos == want_rend and ends == [nodes[k].rend_ns for k in want_rend]
+    assert len(set(ends)) < len(ends)
