@@ -149,14 +149,13 @@ def test_a_candidate_left_out_as_cheap_leaves_the_link_ambiguous(
     assert n.link == "ambiguous" and n.candidates == 5
 
 
-def test_arrival_ranks_are_the_arrival_orders() -> None:
-    """``_set_ranks`` (one integer per node and order) sorts as :func:`_order` does, in
-    all five orders, with ties on the anchor broken by start, connection and index."""
-    from netdiag.paths.chains import _ORDERS, Node, _order, _rank, _set_ranks
+def _tied_nodes(rng: random.Random, n_conns: int) -> list:  # type: ignore[type-arg]
+    """Nodes of ``n_conns`` connections of 1 to 4 requests with many equal starts, first
+    bytes and request ends (some without a first byte, some whose body ended later)."""
+    from netdiag.paths.chains import Node
 
-    rng = random.Random(5)
     conns = []
-    for c in range(40):
+    for c in range(n_conns):
         reqs = []
         for _ in range(rng.randint(1, 4)):
             ts = rng.choice([0.0, 1.0, 2.5]) + rng.randint(0, 3)  # many equal starts
@@ -166,7 +165,16 @@ def test_arrival_ranks_are_the_arrival_orders() -> None:
                 r.end_ns = r.ts_ns + rng.choice([0, 250_000, 10**6])
             reqs.append(r)
         conns.append(conn(f"C{c + 1}", "10.0.0.1:5000", ROUTER, reqs))
-    nodes = [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
+    return [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
+
+
+def test_arrival_ranks_are_the_arrival_orders() -> None:
+    """``_set_ranks`` (one integer per node and order) sorts as :func:`_order` does, in
+    all five orders, with ties on the anchor broken by start, connection and index."""
+    from netdiag.paths.chains import _ORDERS, _order, _rank, _set_ranks
+
+    rng = random.Random(5)
+    nodes = _tied_nodes(rng, 40)
     for k, nd in enumerate(nodes):
         if k % 3 == 0:
             nd.syn_first_ns = nd.ts_ns - rng.choice([0, 100, 10**6])
@@ -182,21 +190,10 @@ def test_orders_placed_without_sorting_are_the_sorted_ones() -> None:
     """The orders the linker places instead of sorting (the nodes by start from their
     first rank; a parent subset's first bytes and request ends as a stable sort of the
     positions by one value) are those of sorting by the full keys, ties and all."""
-    from netdiag.paths.chains import Node, _Linker, _Parents, _set_ranks
+    from netdiag.paths.chains import _Linker, _Parents, _set_ranks
 
     rng = random.Random(11)
-    conns = []
-    for c in range(60):
-        reqs = []
-        for _ in range(rng.randint(1, 4)):
-            ts = rng.choice([0.0, 1.0, 2.5]) + rng.randint(0, 2)  # many equal starts
-            fb = None if rng.random() < 0.25 else ts + rng.choice([0.5, 1.0])
-            r = req(ts, fb, None if fb is None else fb + 1)
-            if rng.random() < 0.5:
-                r.end_ns = r.ts_ns + rng.choice([0, 250_000])
-            reqs.append(r)
-        conns.append(conn(f"C{c + 1}", "10.0.0.1:5000", ROUTER, reqs))
-    nodes = [Node.of(cn, i, r) for cn in conns for i, r in enumerate(cn.requests)]
+    nodes = _tied_nodes(rng, 60)
     rng.shuffle(nodes)
     _set_ranks(nodes)
     linker = _Linker(nodes, set(), {})
