@@ -922,12 +922,6 @@ def _rank(n: Node, anchor: int, child: bool = False) -> int:
     return r[4] if anchor == _REND else r[0]
 
 
-def _child_start_rank(n: Node) -> int:
-    """The node's place in the order by start as a child (:func:`_rank` of
-    :data:`_START` or :data:`_REND`, ``child``)."""
-    return n.ranks[2]
-
-
 def _in_order(p1: Node, c1: Node, p2: Node, c2: Node, anchor: int) -> bool:
     """Parents and children in the same order (first come, first served). Two answers
     relayed in one packet say nothing of their order: their starts decide then."""
@@ -1980,7 +1974,7 @@ class _Linker:
         for pair, kids in self._children_of_pairs().items():
             # the order by start as a child is also the one by the parents' request end
             # (a child's anchor is its start in both): sorted once
-            in_order = sorted(kids, key=_child_start_rank)
+            in_order = sorted(kids, key=lambda n: _rank(n, _START, True))
             by_start = self._fifo(pair, in_order, _START, ordered=True)
             starts.update(_pair_stats({pair: by_start}))
             # an order that took the same links has the same statistics: copied, not
