@@ -104,12 +104,25 @@ def flow_hash(buf: bytes, at: int, alen: int, l4: int) -> int:
     The arithmetic is in ``i64`` (no value exceeds 2**51): compiled, mypyc's tagged
     ints take the slow, object-making path for most of these products."""
     other = at + alen
-    sport: i64 = (buf[l4] << 8) | buf[l4 + 1]
-    dport: i64 = (buf[l4 + 2] << 8) | buf[l4 + 3]
+    # each byte read into an i64 before it is shifted: compiled, a shift of a plain int
+    # is a call
+    s0: i64 = buf[l4]
+    s1: i64 = buf[l4 + 1]
+    d0: i64 = buf[l4 + 2]
+    d1: i64 = buf[l4 + 3]
+    sport: i64 = (s0 << 8) | s1
+    dport: i64 = (d0 << 8) | d1
     if alen == 4:
-        a: i64 = (buf[at] << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3]
-        b: i64 = (buf[other] << 24) | (buf[other + 1] << 16) | (buf[other + 2] << 8) \
-            | buf[other + 3]
+        x0: i64 = buf[at]
+        x1: i64 = buf[at + 1]
+        x2: i64 = buf[at + 2]
+        x3: i64 = buf[at + 3]
+        y0: i64 = buf[other]
+        y1: i64 = buf[other + 1]
+        y2: i64 = buf[other + 2]
+        y3: i64 = buf[other + 3]
+        a: i64 = (x0 << 24) | (x1 << 16) | (x2 << 8) | x3
+        b: i64 = (y0 << 24) | (y1 << 16) | (y2 << 8) | y3
         if a > b or (a == b and sport > dport):
             a, b, sport, dport = b, a, dport, sport
         h: i64 = ((a >> 16) * _HASH_MUL + (a & 0xFFFF)) % _HASH_MOD
@@ -131,7 +144,9 @@ def flow_hash(buf: bytes, at: int, alen: int, l4: int) -> int:
 
 def _mix(h: i64, buf: bytes, at: int, alen: int, port: i64) -> i64:
     for i in range(at, at + alen, 2):
-        h = (h * _HASH_MUL + ((buf[i] << 8) | buf[i + 1])) % _HASH_MOD
+        hi: i64 = buf[i]
+        lo: i64 = buf[i + 1]
+        h = (h * _HASH_MUL + ((hi << 8) | lo)) % _HASH_MOD
     return (h * _HASH_MUL + port) % _HASH_MOD
 
 
