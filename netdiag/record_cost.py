@@ -14,6 +14,10 @@ CONNECTION_BYTES = 8192
 """A connection record with its TCP, TLS and timing fields, and its share of the document."""
 REQUEST_BYTES = 2048
 """Each request of a connection (its figures, headers read, SSE cadence)."""
+GAP_BYTES = 8
+"""Each gap between a response's chunks, as a record held keeps them
+(:func:`~netdiag.records.compact_gaps`): an answer streamed token by token has one per
+token, thousands where the rest of its request costs :data:`REQUEST_BYTES`."""
 DNS_BYTES = 1024
 """A DNS transaction and its share of the document."""
 RECORD_BYTES_PER_CAPTURE_BYTE = 16
@@ -25,7 +29,11 @@ reported the plain way."""
 
 def connection_bytes(c: Connection) -> int:
     """The estimated memory of a held connection record."""
-    return CONNECTION_BYTES + REQUEST_BYTES * len(c.requests)
+    gaps = 0
+    for r in c.requests:
+        if r.chunk_gaps_ns is not None:
+            gaps += len(r.chunk_gaps_ns)
+    return CONNECTION_BYTES + REQUEST_BYTES * len(c.requests) + GAP_BYTES * gaps
 
 
 def dns_bytes(_t: DnsTransaction) -> int:

@@ -85,7 +85,14 @@ from netdiag.protocols.dns import MAX_WARNINGS as DNS_MAX_WARNINGS
 from netdiag.protocols.dns import DnsAnalyzer
 from netdiag.quick_exit import flush_standard_streams
 from netdiag.record_cost import connection_bytes, dns_bytes
-from netdiag.records import Connection, DnsTransaction, Request, TlsInfo, Warning_
+from netdiag.records import (
+    Connection,
+    DnsTransaction,
+    Request,
+    TlsInfo,
+    Warning_,
+    compact_gaps,
+)
 from netdiag.result import CaptureFacts, Result, Sink, renders
 from netdiag.tls.keylog import KeyLog
 
@@ -220,6 +227,7 @@ class _Recorder:
         self._hold(dns_bytes(t))
 
     def connection(self, c: Connection) -> None:
+        compact_gaps(c)  # held, then sent: 8 bytes a gap, pickled as one run of bytes
         run = self.run
         render = self.render_connection
         run.events.append((run.position(), CONNECTION, c,

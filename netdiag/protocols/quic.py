@@ -410,6 +410,7 @@ class _Estimator:
             gaps = active.chunk_gaps_ns
             if gaps is None:
                 gaps = active.chunk_gaps_ns = []
+            assert isinstance(gaps, list)  # built here, not yet kept (compact_gaps)
             if len(gaps) < EST_MAX_GAPS:
                 gaps.append(ts - self.chunk_start)
             self.chunk_start = ts

@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING, Any
 from netdiag import CONTRACT_VERSION, __version__
 from netdiag.contract import Document
 from netdiag.gcpolicy import Settler
-from netdiag.records import Connection, DnsTransaction
+from netdiag.records import Connection, DnsTransaction, compact_gaps
 from netdiag.report.json_encode import compact_encoder
 from netdiag.report.json_out import Records
 from netdiag.result import Result
@@ -50,6 +50,7 @@ class CollectingSink:
             self.settler.kept()
 
     def connection(self, c: Connection) -> None:
+        compact_gaps(c)
         self.connections.append(c)
         if self.settler is not None:
             self.settler.kept()

@@ -33,6 +33,8 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _estimate(doc: dict[str, Any]) -> int:
     """The estimate of every record of an exact report, from the module's constants."""
     return (sum(record_cost.CONNECTION_BYTES + record_cost.REQUEST_BYTES * len(c["requests"])
+                + record_cost.GAP_BYTES * sum(len(r["chunk_gaps_ms"] or ())
+                                              for r in c["requests"])
                 for c in doc["connections"]) + record_cost.DNS_BYTES * len(doc["dns"]))
 
 
