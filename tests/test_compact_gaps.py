@@ -61,7 +61,7 @@ def test_kept_records_hold_the_same_gaps_compactly() -> None:
         assert c.to_json(headers=True) == by_id[c.id].to_json(headers=True)
 
 
-def test_compact_gaps_take_a_fifth_of_the_memory() -> None:
+def test_compact_gaps_take_under_a_quarter_of_the_memory() -> None:
     gaps = [1_000_000 + 7 * i for i in range(10_000)]  # beyond the small ints' cache
     c = Connection(id="C1", ts_ns=0, client="10.0.0.1:40000", server="10.0.0.2:443")
     c.requests.append(Request(ts_ns=0, chunk_gaps_ns=list(gaps)))
