@@ -61,13 +61,19 @@ def test_kept_records_hold_the_same_gaps_compactly() -> None:
         assert c.to_json(headers=True) == by_id[c.id].to_json(headers=True)
 
 
+def _held_bytes(gaps: list[int] | array[int]) -> int:
+    if isinstance(gaps, array):
+        return sys.getsizeof(gaps) - sys.getsizeof(array("q"))
+    return sys.getsizeof(gaps) + sum(sys.getsizeof(g) for g in gaps)
+
+
 def test_compact_gaps_take_under_a_quarter_of_the_memory() -> None:
     gaps = [1_000_000 + 7 * i for i in range(10_000)]  # beyond the small ints' cache
     c = Connection(id="C1", ts_ns=0, client="10.0.0.1:40000", server="10.0.0.2:443")
     c.requests.append(Request(ts_ns=0, chunk_gaps_ns=list(gaps)))
     held = c.requests[0].chunk_gaps_ns
     assert isinstance(held, list)
-    as_list = sys.getsizeof(held) + sum(sys.getsizeof(g) for g in held)
+    as_list = _held_bytes(held)
     compact_gaps(c)
     compact = c.requests[0].chunk_gaps_ns
     assert isinstance(compact, array) and list(compact) == gaps
@@ -82,12 +88,6 @@ def test_a_gap_beyond_64_bits_stays_a_list() -> None:
     compact_gaps(c)
     assert c.requests[0].chunk_gaps_ns is gaps
     assert c.to_json()["requests"][0]["chunk_gaps_ms"] == [g / 1e6 for g in gaps]
-
-
-def _held_bytes(gaps: list[int] | array[int]) -> int:
-    if isinstance(gaps, array):
-        return sys.getsizeof(gaps) - sys.getsizeof(array("q"))
-    return sys.getsizeof(gaps) + sum(sys.getsizeof(g) for g in gaps)
 
 
 @pytest.mark.parametrize("n", [1, COMPACT_GAPS - 1, COMPACT_GAPS, 5000])
