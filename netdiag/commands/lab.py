@@ -82,6 +82,10 @@ def _ramp_option(ctx: click.Context, param: click.Parameter, value: str | None
                    "by concurrent requests (HTTP/2: one multiplexed connection per origin; "
                    "HTTP/1.1: one request at a time per connection, a new one only when all "
                    "are busy). Off: a new connection per request.")
+@click.option("--origin-pairing-ms", type=click.FloatRange(0, 60_000), default=None,
+              help="Each ROC origin holds an HTTP/2 answer until another request is open on "
+                   "the same connection, or this many ms at most, so pooled connections "
+                   "certainly carry concurrent requests (off by default).")
 @click.option("--upstream-max-connections", type=click.IntRange(1, 1000), default=64,
               show_default=True,
               help="Cap of each HTTP/1.1 upstream pool (edge->router, router->origin); "
@@ -144,7 +148,8 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         roc_think_ms: float | None, dpf_think_ms: float | None, token_gap_ms: float,
         sse_events: int, sse_share: float, roc_keepalive: bool, dpf_pool: bool,
         max_connections: int, dpf_tls: str, dpf_dns: str, nx_lookup: bool, resume: bool,
-        seed: int, timeout_s: float, upstream_pool: bool, upstream_max_connections: int,
+        seed: int, timeout_s: float, upstream_pool: bool, origin_pairing_ms: float | None,
+        upstream_max_connections: int,
         upstream_source: str, router_protocol: str, origin_protocol: str,
         request_ids: bool, server_timing: bool, netns: bool | None,
         ramp: tuple[float, float, float] | None, router_budget: float | None,
@@ -187,7 +192,7 @@ def lab(out: Path, keylog: Path | None, requests: int, concurrency: int, origins
         sse_events=sse_events, sse_share=sse_share, roc_keepalive=roc_keepalive,
         dpf_pool=dpf_pool, max_connections=max_connections, dpf_tls=dpf_tls,
         dpf_dns_transport=dpf_dns, nx_lookup=nx_lookup, roc_resume=resume, seed=seed,
-        timeout_s=timeout_s, upstream_pool=upstream_pool,
+        timeout_s=timeout_s, upstream_pool=upstream_pool, origin_pairing_ms=origin_pairing_ms,
         upstream_max_connections=upstream_max_connections, upstream_source=upstream_source,
         router_protocol=router_protocol, origin_protocol=origin_protocol,
         request_ids=request_ids, server_timing=server_timing, netns=netns, ramp=ramp,

@@ -365,6 +365,11 @@ class Lab:
         if p.http3:  # the clients' QUIC connections (the edge's UDP port)
             extra["quic_connections"] = {
                 "clients": sum(1 for c in conns if c.get("transport") == "quic")}
+        if p.origin_pairing_ms is not None:  # how each held ROC answer ended
+            held = [x["paired_ns"] for x in origin_log if "paired_ns" in x]
+            extra["origin_pairing"] = {
+                "paired": sum(1 for t in held if t is not None),
+                "alone": sum(1 for t in held if t is None)}
         if p.ramp is not None:
             from netdiag.lab.ramp import ramp_summary
 

@@ -130,6 +130,12 @@ class LabParams:
     pool of connections, each carrying one request at a time, a new one opened only
     when all are busy, at most ``upstream_max_connections``). Off: a new connection
     per request."""
+    origin_pairing_ms: float | None = None
+    """Each ROC origin holds an HTTP/2 answer (after its think time) until another
+    request is open on the same connection, or this long at most; the waits are in
+    the origins' log (``paired_ns``). Multiplexing on the router's pooled connections
+    is then certain rather than likely, whatever the machine's load (the lab's tests of
+    pooling). None: an answer leaves after the think time alone."""
     upstream_max_connections: int = 64
     """Cap of every HTTP/1.1 upstream pool (the edge's to the router, the router's to
     each origin); a request waits for a free connection beyond it."""
@@ -199,7 +205,7 @@ class LabParams:
                      "request_gap_ms", "settle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        for name in ("roc_think_ms", "dpf_think_ms"):
+        for name in ("roc_think_ms", "dpf_think_ms", "origin_pairing_ms"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -89,7 +89,9 @@ class _Role:
                                          tls12_only=not roc and p.dpf_tls == "1.2")
                 app = Origins("ROC" if roc else "DPF", origins,
                               (p.roc_think if roc else p.dpf_think) / 1000, p.sse_events,
-                              p.token_gap_ms / 1000)
+                              p.token_gap_ms / 1000,
+                              pairing_s=(p.origin_pairing_ms / 1000
+                                         if roc and p.origin_pairing_ms is not None else None))
                 self.apps.append(app)
                 self.lean.append((app.handle, socks, ctx))
             else:

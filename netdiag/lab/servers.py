@@ -56,6 +56,7 @@ from netdiag.lab import params as P
 from netdiag.lab.errors import LabError
 from netdiag.lab.h1 import H1Stream
 from netdiag.lab.h2client import H2ClientConnection, UpstreamError
+from netdiag.lab.h2server import H2ServerProtocol as H2Protocol
 from netdiag.lab.h2server import Stream
 from netdiag.lab.redis_store import (
     BUDGET_SCRIPT,
@@ -494,7 +495,7 @@ class Origins:
     """
 
     def __init__(self, label: str, origins: list[tuple[str, str]], think_s: float,
-                 sse_events: int, gap_s: float) -> None:
+                 sse_events: int, gap_s: float, pairing_s: float | None = None) -> None:
         self.label = label
         self.identity = {ip: (f"origin-{n}", name.split(".")[0])
                          for n, (ip, name) in enumerate(origins, 1)}
@@ -505,9 +506,50 @@ class Origins:
         self.log: list[dict[str, Any]] = []
         """Every request received: ``inbound_key`` + ``received_ns`` (wall clock at
         which its HEADERS were read) + ``answered_ns`` (at which the first byte of the
-        answer was handed to the connection)."""
+        answer was handed to the connection); with ``pairing_s``, ``paired_ns`` too (at
+        which another request was open on the connection; None: none came in time)."""
+        self.pairing_s = pairing_s
+        """Hold each HTTP/2 answer until another request is open on its connection, or
+        this long (``LabParams.origin_pairing_ms``); None: no hold."""
+        self._open: Counter[H2Protocol] = Counter()
+        self._arrivals: Counter[H2Protocol] = Counter()
+        self._company: dict[H2Protocol, asyncio.Event] = {}
 
     async def handle(self, stream: Stream | H1Stream) -> None:
+        conn = stream.proto if isinstance(stream, Stream) else None
+        if conn is None:
+            await self._answer(stream, None, 0)
+            return
+        self._open[conn] += 1
+        self._arrivals[conn] += 1
+        arrived = self._company.pop(conn, None)
+        if arrived is not None:
+            arrived.set()
+        try:
+            await self._answer(stream, conn, self._arrivals[conn])
+        finally:
+            self._open[conn] -= 1
+            if not self._open[conn]:
+                del self._open[conn], self._arrivals[conn]
+
+    async def _in_company(self, conn: H2Protocol, mine: int) -> int | None:
+        """Wait until another request is or was open on ``conn`` with this one (the
+        ``mine``-th to arrive on it, still open), at most ``pairing_s``; when it was
+        seen (wall clock), or None."""
+        assert self.pairing_s is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.pairing_s
+        while self._open[conn] < 2 and self._arrivals[conn] == mine:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            arrived = self._company.setdefault(conn, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), left)
+        return time.time_ns()
+
+    async def _answer(self, stream: Stream | H1Stream, conn: H2Protocol | None,
+                      mine: int) -> None:
         server_name, origin = self.identity.get(stream.local[0], (self.label, self.label))
         self.served[origin] += 1
         entry: dict[str, Any] = {**inbound_key(stream), "received_ns": stream.wall_headers,
@@ -529,6 +571,9 @@ class Origins:
             return
         start = stream.t_headers + self.think_s
         await sleep_until(start)
+        if conn is not None and self.pairing_s is not None:
+            entry["paired_ns"] = await self._in_company(conn, mine)
+            start = max(start, asyncio.get_running_loop().time())
         entry["answered_ns"] = time.time_ns()
         if path == "/v1/messages":
             await _answer_json(stream, 200, {

@@ -49,10 +49,11 @@ BASE: dict[str, Any] = {"requests": 24, "concurrency": 4, "think_ms": 10.0,
 MODES: dict[str, dict[str, Any]] = {
     "concurrency-16": {"concurrency": 16, "requests": 32},
     "concurrency-64": {"concurrency": 64, "requests": 64},
-    "pool-h2": {"upstream_pool": True, "concurrency": 8},
+    "pool-h2": {"upstream_pool": True, "concurrency": 8, "origin_pairing_ms": 500.0},
     "pool-http1": {"upstream_pool": True, "origin_protocol": "http1", "concurrency": 8},
     "http1-per-request": {"origin_protocol": "http1"},
-    "loopback": {"upstream_source": "loopback", "concurrency": 8, "upstream_pool": True},
+    "loopback": {"upstream_source": "loopback", "concurrency": 8, "upstream_pool": True,
+                 "origin_pairing_ms": 500.0},
     "ids-off": {"request_ids": False, "roc_resume": True},
     "router-http1": {"router_protocol": "http1", "concurrency": 8,
                      "upstream_max_connections": 6},
@@ -177,6 +178,15 @@ def test_http1_body_framing() -> None:
     assert fixed.feed(buf) == [b"abc"] and fixed.done and buf == b"def"
 
 
+def _listener() -> tuple[socket.socket, int]:
+    """A non-blocking listening socket on an ephemeral port of 127.0.0.1, and the port."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    lsock.setblocking(False)
+    return lsock, lsock.getsockname()[1]
+
+
 def test_http1_server_client_and_pool_on_an_ephemeral_port() -> None:
     """Keep-alive reuse, ordinals on both sides, chunked SSE, connection: close."""
     from netdiag.lab.h1 import H1ClientConnection, H1Pool, start_http_server
@@ -198,11 +208,7 @@ def test_http1_server_client_and_pool_on_an_ephemeral_port() -> None:
             await stream.send_data(b"ok", end_stream=True)
 
     async def main() -> None:
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(16)
-        lsock.setblocking(False)
-        port = lsock.getsockname()[1]
+        lsock, port = _listener()
         servers, conns = await start_http_server(handler, [lsock], None, "http1")
         pool = H1Pool("127.0.0.1", port, None, None, "127.0.0.1", 5.0, cap=2)
         heads = [(":method", "POST"), (":path", "/x"), (":authority", "t")]
@@ -238,6 +244,52 @@ def test_http1_server_client_and_pool_on_an_ephemeral_port() -> None:
         await stop_h2_server(servers, conns)
 
     asyncio.run(main())
+
+
+def test_origin_pairing_holds_an_answer_until_another_request_shares_its_connection() -> None:
+    """``origin_pairing_ms``: the first answer waits for a second request on the same
+    HTTP/2 connection (so the two overlap on the wire), a lone one for the limit."""
+    from netdiag.lab.h1 import start_http_server
+    from netdiag.lab.h2client import H2ClientConnection
+    from netdiag.lab.h2server import stop_h2_server
+    from netdiag.lab.servers import Origins
+    from netdiag.lab.sockets import bound_socket
+
+    pairing_s = 0.3
+    origins = Origins("ROC", [], 0.0, 0, 0.0, pairing_s=pairing_s)
+    heads = [(":method", "GET"), (":path", "/v1/messages"), (":authority", "t"),
+             (":scheme", "http")]
+
+    async def main() -> None:
+        lsock, port = _listener()
+        servers, conns = await start_http_server(origins.handle, [lsock], None, "h2")
+
+        async def connection() -> H2ClientConnection:
+            return await H2ClientConnection.open("127.0.0.1", port, None, None,
+                                                 bound_socket("127.0.0.1"), 5.0)
+
+        shared = await connection()
+        first = await shared.request(heads, b"")
+        answered = asyncio.ensure_future(first.response())
+        await asyncio.sleep(pairing_s / 3)
+        assert not answered.done(), "answered with no other request on its connection"
+        second = await shared.request(heads, b"")
+        assert (await answered)[0] == 200 and (await second.response())[0] == 200
+        lone = await connection()
+        alone = await lone.request(heads, b"")
+        assert (await alone.response())[0] == 200
+        for c in (shared, lone):
+            await asyncio.wait_for(c.close(), 3)
+        await stop_h2_server(servers, conns)
+
+    asyncio.run(main())
+    a, b, c = origins.log
+    # the first answer left once the second request was in, not before
+    assert a["paired_ns"] is not None and a["answered_ns"] >= b["received_ns"]
+    assert a["client"] == b["client"] != c["client"]
+    # the lone request waited the whole limit (a lower bound: it holds on a busy machine)
+    assert c["paired_ns"] is None
+    assert c["answered_ns"] - c["received_ns"] >= pairing_s * 1e9 * 0.99
 
 
 # ---------------------------------------------------------------------- live runs
@@ -395,6 +447,9 @@ def test_the_mode_is_on_the_wire(run: dict[str, Any]) -> None:
         assert max(len(c.requests) for c in origin_conns) > 1
         if p.origin_protocol == "h2":
             assert len(origin_conns) <= p.origins  # one multiplexed connection per origin
+            # the origins held answers for company (origin_pairing_ms): the ledger says
+            # some found it, and the wire must show those requests overlapping
+            assert led["origin_pairing"]["paired"] > 0, led["origin_pairing"]
             assert max(_max_in_flight(c.requests) for c in origin_conns) > 1
     else:
         assert len(origin_conns) == n and all(len(c.requests) == 1 for c in origin_conns)
