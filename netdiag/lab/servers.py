@@ -490,7 +490,9 @@ class Origins:
     ``POST``/``GET /v1/messages``: JSON, whose HEADERS leave ``think_s`` after the
     request's HEADERS arrived (and never before its body is complete);
     ``/v1/stream``: server-sent events, the first at that same time, then one every
-    ``gap_s`` (on a fixed schedule, so the cadence does not drift).
+    ``gap_s`` (on a fixed schedule, so the cadence does not drift). With ``pairing_s``
+    an HTTP/2 answer also waits, at most that long, until another request is or was open
+    on its connection with it (the schedule of its events then starts later).
     Headers: ``server: origin-N``, ``x-origin: gpu-N``, ``x-request-id`` echoed.
     """
 
@@ -516,7 +518,8 @@ class Origins:
         self._company: dict[H2Protocol, asyncio.Event] = {}
 
     async def handle(self, stream: Stream | H1Stream) -> None:
-        conn = stream.proto if isinstance(stream, Stream) else None
+        conn = stream.proto if self.pairing_s is not None and isinstance(stream, Stream) \
+            else None
         if conn is None:
             await self._answer(stream, None, 0)
             return
@@ -571,7 +574,7 @@ class Origins:
             return
         start = stream.t_headers + self.think_s
         await sleep_until(start)
-        if conn is not None and self.pairing_s is not None:
+        if conn is not None:
             entry["paired_ns"] = await self._in_company(conn, mine)
             start = max(start, asyncio.get_running_loop().time())
         entry["answered_ns"] = time.time_ns()
