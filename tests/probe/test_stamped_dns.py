@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import dns.exception
 import dns.message
@@ -66,17 +67,25 @@ class Server:
                 return
             if peer is None:  # shut down
                 return
-            if self.junk_first:
-                self.udp.sendto(b"\x00\x01garbage", peer)
+            if self.junk_first and not self._send(b"\x00\x01garbage", peer):
+                return
             if self.junk_first or self.other_first:
                 other = dns.message.from_wire(wire)
                 other.id ^= 0x5A5A
-                self.udp.sendto(self.answer(other.to_wire(), "198.51.100.9"), peer)
+                if not self._send(self.answer(other.to_wire(), "198.51.100.9"), peer):
+                    return
             time.sleep(DELAY_S)
-            try:
-                self.udp.sendto(self.answer(wire, self.udp_address, self.truncate), peer)
-            except OSError:  # shut down while it waited (the client gave up on junk)
+            if not self._send(self.answer(wire, self.udp_address, self.truncate), peer):
                 return
+
+    def _send(self, data: bytes, peer: Any) -> bool:
+        """Send a datagram; False once the socket is shut (the test ended while this
+        thread was between a query and its answers)."""
+        try:
+            self.udp.sendto(data, peer)
+        except OSError:
+            return False
+        return True
 
     def serve_tcp(self) -> None:
         while True:
