@@ -690,22 +690,10 @@ class CaptureReader:
         while True:
             stop = end - hl
             while pos <= stop:
-                sec: i64
-                frac: i64
-                if little:
-                    sec = (buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-                           | buf[pos + 3] << 24)
-                    frac = (buf[pos + 4] | buf[pos + 5] << 8 | buf[pos + 6] << 16
-                            | buf[pos + 7] << 24)
-                    incl = (buf[pos + 8] | buf[pos + 9] << 8 | buf[pos + 10] << 16
-                            | buf[pos + 11] << 24)
-                    orig = (buf[pos + 12] | buf[pos + 13] << 8 | buf[pos + 14] << 16
-                            | buf[pos + 15] << 24)
-                else:
-                    sec = _u32(buf, pos, False)
-                    frac = _u32(buf, pos + 4, False)
-                    incl = _u32(buf, pos + 8, False)
-                    orig = _u32(buf, pos + 12, False)
+                sec: i64 = _u32(buf, pos, little)
+                frac: i64 = _u32(buf, pos + 4, little)
+                incl = _u32(buf, pos + 8, little)
+                orig = _u32(buf, pos + 12, little)
                 start = pos + hl
                 nxt = start + incl
                 if nxt > end or incl > limit:
@@ -996,9 +984,15 @@ def _options(body: bytes, pos: int, bo: str) -> Iterator[tuple[int, bytes]]:
 
 def _u32(buf: bytes, p: int, little: bool) -> int:
     """The 32-bit unsigned integer at ``buf[p]``, little- or big-endian."""
+    # each byte read into an i64 before it is shifted: compiled, a shift of a plain int
+    # is a call (``CPyTagged_Lshift``), three per value
+    b0: i64 = buf[p]
+    b1: i64 = buf[p + 1]
+    b2: i64 = buf[p + 2]
+    b3: i64 = buf[p + 3]
     if little:
-        return buf[p] | buf[p + 1] << 8 | buf[p + 2] << 16 | buf[p + 3] << 24
-    return buf[p] << 24 | buf[p + 1] << 16 | buf[p + 2] << 8 | buf[p + 3]
+        return b0 | b1 << 8 | b2 << 16 | b3 << 24
+    return b0 << 24 | b1 << 16 | b2 << 8 | b3
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
