@@ -513,46 +513,43 @@ class Origins:
         self.pairing_s = pairing_s
         """Hold each HTTP/2 answer until another request is open on its connection, or
         this long (``LabParams.origin_pairing_ms``); None: no hold."""
-        self._open: Counter[H2Protocol] = Counter()
-        self._arrivals: Counter[H2Protocol] = Counter()
-        self._company: dict[H2Protocol, asyncio.Event] = {}
+        self._open: dict[H2Protocol, set[asyncio.Event]] = {}
+        """For each connection, one event per request open on it: set once another
+        request is or was open on that connection with it."""
 
     async def handle(self, stream: Stream | H1Stream) -> None:
         conn = stream.proto if self.pairing_s is not None and isinstance(stream, Stream) \
             else None
         if conn is None:
-            await self._answer(stream, None, 0)
+            await self._answer(stream, None)
             return
-        self._open[conn] += 1
-        self._arrivals[conn] += 1
-        arrived = self._company.pop(conn, None)
-        if arrived is not None:
-            arrived.set()
+        company = asyncio.Event()
+        others = self._open.setdefault(conn, set())
+        for other in others:
+            other.set()
+        if others:
+            company.set()
+        others.add(company)
         try:
-            await self._answer(stream, conn, self._arrivals[conn])
+            await self._answer(stream, company)
         finally:
-            self._open[conn] -= 1
-            if not self._open[conn]:
-                del self._open[conn], self._arrivals[conn]
+            others.discard(company)
+            if not others:
+                del self._open[conn]
 
-    async def _in_company(self, conn: H2Protocol, mine: int) -> int | None:
-        """Wait until another request is or was open on ``conn`` with this one (the
-        ``mine``-th to arrive on it, still open), at most ``pairing_s``; when it was
-        seen (wall clock), or None."""
+    async def _in_company(self, company: asyncio.Event) -> int | None:
+        """Wait until another request is or was open on this one's connection with it
+        (``company`` is set), at most ``pairing_s``; when it was seen (wall clock), or
+        None."""
         assert self.pairing_s is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.pairing_s
-        while self._open[conn] < 2 and self._arrivals[conn] == mine:
-            left = deadline - loop.time()
-            if left <= 0:
-                return None
-            arrived = self._company.setdefault(conn, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), left)
+        try:
+            await asyncio.wait_for(company.wait(), self.pairing_s)
+        except TimeoutError:
+            return None
         return time.time_ns()
 
-    async def _answer(self, stream: Stream | H1Stream, conn: H2Protocol | None,
-                      mine: int) -> None:
+    async def _answer(self, stream: Stream | H1Stream,
+                      company: asyncio.Event | None) -> None:
         server_name, origin = self.identity.get(stream.local[0], (self.label, self.label))
         self.served[origin] += 1
         entry: dict[str, Any] = {**inbound_key(stream), "received_ns": stream.wall_headers,
@@ -574,8 +571,8 @@ class Origins:
             return
         start = stream.t_headers + self.think_s
         await sleep_until(start)
-        if conn is not None:
-            entry["paired_ns"] = await self._in_company(conn, mine)
+        if company is not None:
+            entry["paired_ns"] = await self._in_company(company)
             start = max(start, asyncio.get_running_loop().time())
         entry["answered_ns"] = time.time_ns()
         if path == "/v1/messages":

@@ -286,6 +286,8 @@ def test_origin_pairing_holds_an_answer_until_another_request_shares_its_connect
     a, b, c = origins.log
     # the first answer left once the second request was in, not before
     assert a["paired_ns"] is not None and a["answered_ns"] >= b["received_ns"]
+    # the second found the first open: it had company from its arrival
+    assert b["paired_ns"] is not None
     assert a["client"] == b["client"] != c["client"]
     # the lone request waited the whole limit (a lower bound: it holds on a busy machine)
     assert c["paired_ns"] is None

@@ -88,10 +88,11 @@ def _nearest(est: list[Request], t: Request) -> Request:
 def _answers_in_their_slots(truth: list[Request], est: list[Request]) -> None:
     """Each true request's nearest estimate (:func:`_nearest`) has its
     first byte at or after its own start and at most 1 ms after the true first byte. A
-    loaded machine can make the estimate early (a server packet of the handshake's tail,
-    or another answer, that came after the estimated start: the estimate takes it for the
-    answer), never late: the true answer's first packet is a server packet after the
-    request, which the estimate would have taken."""
+    loaded machine can make the estimate early (a server packet that answers no request,
+    such as a second burst of the handshake's tail, or another request's answer, that
+    came after the estimated start: the estimate takes it for the answer), never late:
+    the true answer's first packet is a server packet after the request, which the
+    estimate would have taken."""
     for t in truth:
         e = _nearest(est, t)
         assert t.first_byte_ns is not None and e.first_byte_ns is not None
