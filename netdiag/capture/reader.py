@@ -751,7 +751,10 @@ class CaptureReader:
                 low = _u32(buf, pos + 16, little)
                 ts: int
                 if high < _FAST_TICKS_HIGH and div == 1 and 0 <= mul <= 1000:
-                    ticks: i64 = high << 32 | low  # below 2**53: times mul below 2**63
+                    # shifted as i64s (compiled, a plain int's shift is a call)
+                    high64: i64 = high
+                    low64: i64 = low
+                    ticks: i64 = high64 << 32 | low64  # below 2**53: times mul below 2**63
                     ts = ticks * mul
                     ts += off  # as an int: the offset is the file's, of any size
                 else:  # any resolution or value, as big ints
