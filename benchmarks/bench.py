@@ -402,6 +402,15 @@ def netdiag_supports_jobs(base: list[str], env: dict) -> bool:
     return "--jobs" in out.stdout
 
 
+def netdiag_core(base: list[str], env: dict) -> str:
+    """Which core ``netdiag --version`` says runs (``compiled, mypyc``, or ``pure Python``
+    and why: a source edited after the build makes an editable install fall back)."""
+    out = subprocess.run([*base, "--version"], capture_output=True, text=True, env=env,
+                         cwd=REPO)
+    line = out.stdout.strip()
+    return line.partition("(core: ")[2].rstrip(")") or line or f"exit {out.returncode}"
+
+
 FILE_FORMATS = ("csv", "parquet")
 """Formats that write a directory of files (``-o DIR``) rather than standard output."""
 
@@ -420,7 +429,10 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
         # speed drifts during a case then slows tshark and every row alike, and the best
         # of each is taken over the same stretch of time (all of tshark's runs first, then
         # each row's, put minutes between what a ratio compares)
+        cores: list[str] = []  # the core before each round and after the last
         for _ in range(args.repeat):
+            if (core := netdiag_core(base, env)) not in cores:
+                cores.append(core)
             if not args.skip_tshark:
                 tshark_runs.append(measure_warm(
                     f"tshark [{case.name}]", tshark_cmd(args.tshark, case.path, case.keylog),
@@ -438,9 +450,11 @@ def run_matrix(cases: list[Case], formats: list[str], jobs: list[int], args: arg
                     runs[(fmt, j)].append(measure_warm(
                         f"netdiag {fmt} jobs {j} [{case.name}]", cmd, case.path, packets,
                         env, args.timeout))
+        if (core := netdiag_core(base, env)) not in cores:
+            cores.append(core)
         ts = best_of(tshark_runs) if tshark_runs else None
         for fmt, j in plan:
-            rows.append({"case": case.name, "format": fmt, "jobs": j,
+            rows.append({"case": case.name, "format": fmt, "jobs": j, "cores": cores,
                          "netdiag": best_of(runs[(fmt, j)]), "tshark": ts,
                          "packets": packets,
                          "size_mb": round(case.path.stat().st_size / 1e6, 1)})
@@ -499,7 +513,8 @@ def print_matrix(rows: list[dict], capacity: dict | None = None) -> None:
         ts = r["tshark"]
         tsl = (f"tshark {ts['wall_s']:.2f} s, {ts['peak_rss_mib']:.0f} MiB" if ts and ts.get("ok")
                else "tshark not run")
-        print(f"[{name}] {r['packets']:,} packets, {r['size_mb']} MB; {tsl}")
+        print(f"[{name}] {r['packets']:,} packets, {r['size_mb']} MB; {tsl}; "
+              f"netdiag core: {', then '.join(r['cores'])}")
     header = (f"{'case':<18} {'format':<6} {'jobs':>4} {'wall s':>7} {'CPU s':>7} "
               f"{'peak MiB':>8} {'x tshark':>8} {'mem/tshark':>10} {'/jsonl':>6} {'/jobs1':>6}")
     print(header)
@@ -529,6 +544,10 @@ def verdicts(rows: list[dict], capacity: dict | None = None) -> list[str]:
         out.append(f"{what:<58} {v:>7}  target {target:<8} "
                    f"{'n/a' if met is None else 'MET' if met else 'NOT MET'}")
 
+    for name in dict.fromkeys(r["case"] for r in rows if len(r["cores"]) > 1):
+        cores = next(r["cores"] for r in rows if r["case"] == name)
+        out.append(f"WARNING [{name}]: netdiag's core changed during the case "
+                   f"({' then '.join(cores)}): its rows mix two builds; run it again")
     for r in rows:
         if r["format"] == "text" and r["jobs"] == 1 and r["vs_tshark"] is not None:
             keyed = "key log" in r["case"]
