@@ -14,7 +14,7 @@ from typing import Any
 
 from netdiag.analysis.stats import quantile
 from netdiag.paths.apply import PathsAnalysis
-from netdiag.paths.budget import HopBudget, PathBudget
+from netdiag.paths.budget import MAX_DIRECT_PAIRS, HopBudget, PathBudget
 from netdiag.records import Connection
 from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_markup, safe_text
 
@@ -81,6 +81,39 @@ def hop_tree(b: PathBudget, profile_path: bool) -> Any:
         if h.name not in seen:
             add(tree, h)
     return tree
+
+
+PATHS_SHOWN = 12
+"""Most paths a terminal shows one by one (in the attribution line, the latency budget,
+the hop trees and the load over time); the rest are counted in one line. Without a
+profile every server is a path of its own, and a capture of a host that talked to
+thousands of servers would print a table per few paths (``--format json`` has every
+path)."""
+
+
+def shown_paths(budgets: Sequence[PathBudget], limit: int = PATHS_SHOWN) -> list[PathBudget]:
+    """The paths a terminal shows, in name order: all of them when at most ``limit``,
+    else those a profile names, then those through a proxy, then those with the most
+    client requests (ties by name), ``limit`` in all."""
+    if len(budgets) <= limit:
+        return sorted(budgets, key=lambda b: b.name)
+    ranked = sorted(budgets, key=lambda b: (b.inferred, not b.multi_hop, -b.requests, b.name))
+    return sorted(ranked[:limit], key=lambda b: b.name)
+
+
+def not_shown_line(budgets: Sequence[PathBudget], shown: Sequence[PathBudget]) -> Any:
+    """One dim line for the paths :func:`shown_paths` left out (None when none was)."""
+    from rich.text import Text
+
+    if len(shown) >= len(budgets):
+        return None
+    names = {b.name for b in shown}
+    rest = [b for b in budgets if b.name not in names]
+    requests = sum(b.requests for b in rest)
+    return Text(f"{len(rest):,} more path{'s' if len(rest) != 1 else ''} with "
+                f"{requests:,} client request{'s' if requests != 1 else ''} not shown: "
+                f"the {len(shown)} shown are those a profile names, through a proxy, or "
+                "with the most requests; --format json has every path", style="dim")
 
 
 PHASE_ROWS = (("dns", "DNS lookup"), ("tcp", "TCP handshake"), ("tls", "TLS handshake"))
@@ -213,7 +246,13 @@ def differences(analysis: PathsAnalysis, declined: bool = True) -> Any:
                           "enough evidence (too few samples, or an interval that includes "
                           "0): --format json lists them", style="dim"))
     if not lines:
-        lines.append(Text("Only one path has requests: nothing to compare.", style="dim"))
+        have = sum(1 for b in analysis.budgets.values() if b.ttfb)
+        lines.append(Text(
+            "Only one path has requests: nothing to compare." if have <= 1 else
+            f"No pair of the {have:,} paths with requests is compared: paths a profile "
+            "names are compared with each other, inferred paths through a proxy with the "
+            f"direct ones (more than {MAX_DIRECT_PAIRS} direct servers pooled as one), "
+            "direct servers with each other when few", style="dim"))
     return Group(Text("Differences between paths (95% bootstrap CI of the median "
                       "difference)", style="bold"), *lines)
 
@@ -279,8 +318,10 @@ def attribution_table(connections: Sequence[Connection]) -> Any:
     return t
 
 
-def attribution_line(connections: Sequence[Connection]) -> str:
-    """``24 connections on ROC (profile), 6 on DPF (profile), 1 without a path``."""
+def attribution_line(connections: Sequence[Connection], limit: int = PATHS_SHOWN) -> str:
+    """``24 connections on ROC (profile), 6 on DPF (profile), 1 without a path``; beyond
+    ``limit`` paths, those a profile names and then those with the most connections,
+    and a count of the rest."""
     counts: Counter[tuple[str, bool]] = Counter()
     none = dns = 0
     for c in connections:
@@ -290,8 +331,14 @@ def attribution_line(connections: Sequence[Connection]) -> str:
             none += 1
         else:
             counts[(c.path["name"], bool(c.path["inferred"]))] += 1
+    kept = sorted(counts.items())
+    if len(kept) > limit:
+        kept = sorted(sorted(kept, key=lambda kv: (kv[0][1], -kv[1], kv[0][0]))[:limit])
     parts = [f"{n} on {safe_text(name)} ({'inferred' if inf else 'profile'})"
-             for (name, inf), n in sorted(counts.items())]
+             for (name, inf), n in kept]
+    if len(kept) < len(counts):
+        left = sum(counts.values()) - sum(n for _, n in kept)
+        parts.append(f"{left} on {len(counts) - len(kept)} other paths")
     if dns:
         parts.append(f"{dns} DNS over TCP (no path)")
     if none:
@@ -304,9 +351,10 @@ def attribution_line(connections: Sequence[Connection]) -> str:
     return line
 
 
-def knee_table(analysis: PathsAnalysis) -> Any:
-    """Per path: its load over the capture and the knee of its time to first byte
-    against request rate (p99 and median), with the evidence, or why there is none."""
+def knee_table(analysis: PathsAnalysis, only: set[str] | None = None) -> Any:
+    """Per path (``only``: of these), its load over the capture and the knee of its time
+    to first byte against request rate (p99 and median), with the evidence, or why there
+    is none."""
     from rich.table import Table
     from rich.text import Text
 
@@ -315,7 +363,8 @@ def knee_table(analysis: PathsAnalysis) -> Any:
     ts = analysis.timeseries
     if not ts:
         return None
-    rows = {k: v for k, v in ts["paths"].items() if k != "null" and len(v) >= 3}
+    rows = {k: v for k, v in ts["paths"].items()
+            if k != "null" and len(v) >= 3 and (only is None or k in only)}
     if not rows:
         return None
     knees = {(k["path"], k["metric"]): k for k in analysis.knees or []}
@@ -357,16 +406,20 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
     out: list[Any] = [Text(attribution_line(connections))]
     budgets = [analysis.budgets[n] for n in sorted(analysis.budgets)
                if analysis.budgets[n].roots]
+    shown = shown_paths(budgets)
+    more = not_shown_line(budgets, shown)
     prof = analysis.profile
-    for b in budgets:
+    for b in shown:
         out.append(hop_tree(b, prof is not None and prof.path(b.name) is not None))
     if budgets:
-        out.append(budget_table(budgets))
+        out.append(budget_table(shown))
+        if more is not None:
+            out.append(more)
         chains = slowest_chains(analysis)
         if chains is not None:
             out.append(chains)
         out.append(differences(analysis))
-        knees = knee_table(analysis)
+        knees = knee_table(analysis, None if more is None else {b.name for b in shown})
         if knees is not None:
             out.append(knees)
     shown = [f for f in analysis.findings

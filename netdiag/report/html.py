@@ -71,6 +71,13 @@ MAX_LOAD_PATHS = SERIES
 """Paths drawn in the Load section (their colours stay distinct); the others are named."""
 NO_PATH = "no path"
 """How the time series of requests on no path (key ``null``) is named."""
+MAX_PATHS = 12
+"""Paths the page shows one by one (the latency budget's table and bars, the time to
+first byte's charts): all of them when this many or fewer, else those a profile names,
+then those through a proxy, then those with the most client requests; the others are
+counted. Without a profile every server is a path of its own: a capture of 50,000
+servers made a 142 MB page, its histograms' cost growing with the square of the
+servers (``--format json`` has every path)."""
 METRIC_WORDS = {"ttfb_p99": "p99 time to first byte", "ttfb_p50": "p50 time to first byte"}
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -626,12 +633,35 @@ def _dig(d: object, path: Sequence[str]) -> object:
     return d
 
 
+def _shown_paths(paths: dict[str, dict[str, Any]]) -> tuple[list[str], str]:
+    """The names of the paths the page shows (:data:`MAX_PATHS`), in the document's
+    order, and a note on those it leaves out ("" when none)."""
+    names = list(paths)
+    if len(names) <= MAX_PATHS:
+        return names, ""
+
+    def requests(n: str) -> int:
+        r = paths[n].get("requests")
+        return r if isinstance(r, int) and not isinstance(r, bool) else 0
+
+    keep = set(sorted(names, key=lambda n: (paths[n].get("inferred") is not False,
+                                            len(_l(paths[n].get("hops"))) <= 1,
+                                            -requests(n), n))[:MAX_PATHS])
+    rest = [n for n in names if n not in keep]
+    left = sum(requests(n) for n in rest)
+    return [n for n in names if n in keep], (
+        f'<p class="note">{len(rest):,} more paths with {left:,} client requests not '
+        f"shown: the {MAX_PATHS} shown are those a profile names, through a proxy, or with "
+        "the most requests; --format json has every path.</p>")
+
+
 def _paths(doc: dict[str, Any]) -> str:
     s = _d(doc.get("summary"))
     paths = {str(k): _d(v) for k, v in _d(s.get("paths")).items()}
     if not paths:
         return ""
-    names = list(paths)
+    names, not_shown = _shown_paths(paths)
+    paths = {n: paths[n] for n in names}
     head = [("", False)]
     for _ in names:
         head += [("p50", True), ("p99", True)]
@@ -688,7 +718,7 @@ def _paths(doc: dict[str, Any]) -> str:
                      f'<ul class="cmp">{"".join(items)}</ul>')
     return (
         '<section id="paths"><h2>Latency budget per path</h2>'
-        + _table(head, rows, "budget", above)
+        + _table(head, rows, "budget", above) + not_shown
         + '<p class="note">Medians (p50) and p99 per phase, in each path\'s client-facing '
           "requests; a hop's own time is its share of the client's time to first byte.</p>"
         + "<h3>Median budget, phases end to end</h3>"
@@ -847,8 +877,11 @@ def _load(doc: dict[str, Any]) -> str:
                      + chart + (f'<ul class="cmp">{"".join(items)}</ul>' if items else ""))
     more = ""
     if hidden:
+        named = [n for _, n, _, _ in hidden[:MAX_PATHS]]
+        if len(hidden) > len(named):
+            named.append(f"and {len(hidden) - len(named):,} more")
         more = ('<p class="note">Not drawn (the first ' f"{MAX_LOAD_PATHS} paths are): "
-                + esc(", ".join(n for _, n, _, _ in hidden)) + ".</p>")
+                + esc(", ".join(named)) + ".</p>")
     shown_keys = {k for k, _, _, _ in shown}
     others = [k for k in knees if _knee_path(k) not in shown_keys]
     if others:
@@ -878,12 +911,14 @@ def _legend(items: Sequence[tuple[str, str]]) -> str:
 
 
 def _ttfb(doc: dict[str, Any], digest: _Digest) -> str:
-    paths = list(_d(_d(doc.get("summary")).get("paths")))
+    summary_paths = {str(k): _d(v) for k, v in _d(_d(doc.get("summary")).get("paths")).items()}
+    paths, not_shown = _shown_paths(summary_paths)
     series: list[Series] = []
     if paths:
         by: dict[str, list[float]] = {str(p): [] for p in paths}
         for n, seen in digest.ttfb_by_path.items():
-            by.setdefault(n, []).extend(seen)
+            if not not_shown or n in by:
+                by.setdefault(n, []).extend(seen)
         est = digest.estimated_paths
         for i, (n, vals) in enumerate(by.items()):
             if vals:
@@ -906,7 +941,7 @@ def _ttfb(doc: dict[str, Any], digest: _Digest) -> str:
             "share of requests answered within a time (CDF), then histograms on the same "
             "axis.</p>"
             + cdf_chart(series, "cumulative distribution of time to first byte")
-            + f'<div class="grid2">{hists}</div></section>')
+            + f'<div class="grid2">{hists}</div>{not_shown}</section>')
 
 
 def _series_note(vals: list[float], estimated: bool) -> str:

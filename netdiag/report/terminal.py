@@ -8,7 +8,7 @@ bidirectional characters made visible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from rich import box
@@ -218,14 +218,18 @@ def _findings(findings: list[Any]) -> Group | Table:
     return t
 
 
-def _paths(paths: Any, connections: Any) -> list[Any]:
-    """The path section: attribution, latency budget per path, and the differences."""
-    from netdiag.paths.render import attribution_line, budget_table, differences
+def _paths(paths: Any, connections: Any, shown: list[Any]) -> list[Any]:
+    """The path section: attribution, latency budget per path (``shown``: of
+    :func:`netdiag.paths.render.shown_paths`), and the differences."""
+    from netdiag.paths.render import attribution_line, budget_table, differences, not_shown_line
 
-    budgets = [paths.budgets[n] for n in sorted(paths.budgets) if paths.budgets[n].roots]
+    budgets = [b for b in paths.budgets.values() if b.roots]
     out: list[Any] = [Text("Paths", style="bold"), Text(attribution_line(connections))]
     if budgets:
-        out.append(budget_table(budgets))
+        out.append(budget_table(shown))
+        more = not_shown_line(budgets, shown)
+        if more is not None:
+            out.append(more)
         out.append(differences(paths))
     return out
 
@@ -280,7 +284,7 @@ def _load_series(timeseries: dict[str, Any]
 
 
 def load_section(timeseries: dict[str, Any] | None, knees: list[dict[str, Any]] | None,
-                 width: int) -> RenderableType | None:
+                 width: int, only: Collection[str] | None = None) -> RenderableType | None:
     """"Load over time": per path, two sparklines on one time axis (requests per second
     and p99 time to first byte per interval, a blank where an interval had no request)
     with their lowest and highest values, then its knees' sentences (or, dimmed, why no
@@ -288,10 +292,17 @@ def load_section(timeseries: dict[str, Any] | None, knees: list[dict[str, Any]] 
     A path's name is left of its sparklines, or on a line of its own when longer than
     that column (names are never cut: an inferred path is named by its address).
     Every line fits ``width`` cells; names, reasons and sentences come from the capture
-    (a profile's path names) and go through :mod:`netdiag.textsafe`."""
+    (a profile's path names) and go through :mod:`netdiag.textsafe`. ``only``: the paths
+    to draw (those the path section shows) and requests on no path; the others are
+    counted in one line."""
     if not isinstance(timeseries, dict):
         return None
     series = _load_series(timeseries)
+    left_out = 0
+    if only is not None:
+        kept = [t for t in series if t[0] == "null" or t[0] in only]
+        left_out = len(series) - len(kept)
+        series = kept
     if not any(len(s) >= LOAD_MIN_INTERVALS for _, s, _ in series):
         return None
     series = [t for t in series if any(x.requests for x in t[1])]    # else nothing to draw
@@ -397,9 +408,12 @@ def load_section(timeseries: dict[str, Any] | None, knees: list[dict[str, Any]] 
             out.append(Padding(Text("no knee: " + safe_text(reason, SENTENCE_LIMIT),
                                     style="dim"), (0, 0, 0, 2)))
     for k in knee_list:                         # knees of paths without a time series
-        if path_of(k) not in shown:
+        if path_of(k) not in shown and (only is None or path_of(k) in only):
             out.append(Padding(Text(safe_text(k.get("sentence"), SENTENCE_LIMIT)),
                                (0, 0, 0, 2)))
+    if left_out:
+        out.append(Text(f"{left_out:,} more path{'s' if left_out != 1 else ''} not shown "
+                        "(as above): --format json has their time series", style="dim"))
     return Group(*out)
 
 
@@ -411,12 +425,21 @@ def render(result: Result, console: Console, paths: Any = None,
     console.print(_latency_table(s))
     console.print(_counts(s))
     console.print(_reuse_line(result, s))
+    shown: list[Any] = []
+    only = None  # the paths the load section draws: every one unless some are left out
+    if paths is not None:
+        from netdiag.paths.render import shown_paths
+
+        budgets = [b for b in paths.budgets.values() if b.roots]
+        shown = shown_paths(budgets)
+        if len(shown) < len(budgets):
+            only = {b.name for b in shown}
     if paths is not None and connections:
-        for part in _paths(paths, connections):
+        for part in _paths(paths, connections, shown):
             console.print(part)
     if paths is not None:
         load = load_section(getattr(paths, "timeseries", None), getattr(paths, "knees", None),
-                            console.width)
+                            console.width, only)
         if load is not None:
             console.print(load)
     slow = _slowest(result, width=console.width)

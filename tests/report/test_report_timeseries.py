@@ -162,6 +162,19 @@ def test_terminal_section_fits_and_shows_the_knees(load_doc: dict[str, Any],
     assert "45.0 ms–" in text
 
 
+def test_terminal_section_draws_only_the_paths_shown(load_doc: dict[str, Any]) -> None:
+    """``only`` (the paths the path section shows, :func:`shown_paths`): the others are
+    neither drawn nor their knees said, but counted."""
+    everything = _flat(_print(load_section(load_doc["timeseries"], load_doc["knees"], 200),
+                              200))
+    assert "ROC" in everything and "more path" not in everything
+    text = _flat(_print(load_section(load_doc["timeseries"], load_doc["knees"], 200,
+                                     only={"DPF"}), 200))
+    assert "DPF" in text and "ROC" not in text
+    assert _flat(load_doc["knees"][0]["sentence"]) not in text
+    assert "1 more path not shown (as above): --format json has their time series" in text
+
+
 def test_terminal_section_only_with_three_intervals(load_doc: dict[str, Any]) -> None:
     assert load_section(None, None, 80) is None
     assert load_section({}, [], 80) is None
