@@ -43,7 +43,10 @@ DEFAULT_BASE = 25_000
 """Packets of the 1x size (the whole default run stays within about five minutes on two
 shared cores)."""
 DEFAULT_SIZES = (1, 4, 16)
-FORMATS = ("json", "jsonl")
+FORMATS = ("text", "json", "jsonl", "html")
+"""The terminal report (what users run), the collecting and the streaming document, and
+the page: each shows paths its own way (the terminal and the page once grew with the
+square of the servers where JSON did not)."""
 
 
 def netdiag_cmd(override: str | None) -> list[str]:
