@@ -314,13 +314,16 @@ def connection_and_request_rows(doc: dict[str, Any]) -> tuple[Rows, Rows]:
     return conns, reqs
 
 
-def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def summary_rows(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The rows of ``summary.csv``, made as they are written (without a profile the
+    summary has a block per server: millions of rows on a capture of many servers)."""
     head: dict[str, Any] = {"contract": doc.get("contract"),
                             "netdiag_version": doc.get("netdiag_version")}
     cap = doc.get("capture") or {}
     head.update(flatten(cap, "capture."))
     head.update(flatten(doc.get("summary") or {}, lists=True))
-    return [{"key": k, "value": v} for k, v in head.items()]
+    for k, v in head.items():
+        yield {"key": k, "value": v}
 
 
 def timeseries_rows(doc: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
