@@ -9,7 +9,7 @@ bidirectional characters made visible).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from netdiag.analysis.stats import quantile
@@ -318,10 +318,11 @@ def attribution_table(connections: Sequence[Connection]) -> Any:
     return t
 
 
-def attribution_line(connections: Sequence[Connection], limit: int = PATHS_SHOWN) -> str:
+def attribution_line(connections: Sequence[Connection], limit: int = PATHS_SHOWN,
+                     first: Collection[str] = ()) -> str:
     """``24 connections on ROC (profile), 6 on DPF (profile), 1 without a path``; beyond
-    ``limit`` paths, those a profile names and then those with the most connections,
-    and a count of the rest."""
+    ``limit`` paths, those named in ``first`` (the paths shown below it), then those a
+    profile names, then those with the most connections, and a count of the rest."""
     counts: Counter[tuple[str, bool]] = Counter()
     none = dns = 0
     for c in connections:
@@ -333,7 +334,8 @@ def attribution_line(connections: Sequence[Connection], limit: int = PATHS_SHOWN
             counts[(c.path["name"], bool(c.path["inferred"]))] += 1
     kept = sorted(counts.items())
     if len(kept) > limit:
-        kept = sorted(sorted(kept, key=lambda kv: (kv[0][1], -kv[1], kv[0][0]))[:limit])
+        kept = sorted(sorted(kept, key=lambda kv: (kv[0][0] not in first, kv[0][1], -kv[1],
+                                                   kv[0][0]))[:limit])
     parts = [f"{n} on {safe_text(name)} ({'inferred' if inf else 'profile'})"
              for (name, inf), n in kept]
     if len(kept) < len(counts):
@@ -403,11 +405,11 @@ def render_all(analysis: PathsAnalysis, connections: Sequence[Connection],
     """Everything ``netdiag paths`` shows, in order."""
     from rich.text import Text
 
-    out: list[Any] = [Text(attribution_line(connections))]
     budgets = [analysis.budgets[n] for n in sorted(analysis.budgets)
                if analysis.budgets[n].roots]
     shown = shown_paths(budgets)
     more = not_shown_line(budgets, shown)
+    out: list[Any] = [Text(attribution_line(connections, first={b.name for b in shown}))]
     prof = analysis.profile
     for b in shown:
         out.append(hop_tree(b, prof is not None and prof.path(b.name) is not None))

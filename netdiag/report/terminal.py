@@ -224,7 +224,8 @@ def _paths(paths: Any, connections: Any, shown: list[Any]) -> list[Any]:
     from netdiag.paths.render import attribution_line, budget_table, differences, not_shown_line
 
     budgets = [b for b in paths.budgets.values() if b.roots]
-    out: list[Any] = [Text("Paths", style="bold"), Text(attribution_line(connections))]
+    out: list[Any] = [Text("Paths", style="bold"),
+                      Text(attribution_line(connections, first={b.name for b in shown}))]
     if budgets:
         out.append(budget_table(shown))
         more = not_shown_line(budgets, shown)

@@ -139,3 +139,26 @@ def test_the_html_page_shows_the_busiest_paths_and_counts_the_rest(many: Path) -
     note = f"{n - MAX_PATHS} more paths with {left} client requests not shown"
     assert note in budget and note in ttfb
     assert ttfb.count("histogram of time to first byte") == MAX_PATHS
+
+
+def test_the_attribution_line_names_the_paths_shown_below_it_first() -> None:
+    from netdiag.paths.render import attribution_line
+    from netdiag.records import Connection
+
+    conns = []
+    for i in range(5):  # five busy direct servers, then a proxy with one connection
+        for k in range(10 + i):
+            c = Connection(id=f"C{i}-{k}", ts_ns=0, client="10.0.0.1:1000",
+                           server=f"10.1.0.{i}:443")
+            c.path = {"name": f"direct 10.1.0.{i}:443", "hop": "origin", "evidence": [],
+                      "inferred": True}
+            conns.append(c)
+    via = Connection(id="V", ts_ns=0, client="10.0.0.1:1001", server="10.2.0.1:443")
+    via.path = {"name": "via 10.2.0.1:443", "hop": "edge", "evidence": [], "inferred": True}
+    conns.append(via)
+    busiest = attribution_line(conns, limit=2)
+    assert "direct 10.1.0.4:443" in busiest and "direct 10.1.0.3:443" in busiest
+    assert "via 10.2.0.1" not in busiest and "34 on 4 other paths" in busiest
+    line = attribution_line(conns, limit=2, first={"via 10.2.0.1:443"})
+    assert "1 on via 10.2.0.1:443 (inferred)" in line and "direct 10.1.0.4:443" in line
+    assert "direct 10.1.0.3:443" not in line and "46 on 4 other paths" in line
