@@ -15,6 +15,7 @@ from typing import Any
 from netdiag.analysis.stats import quantile
 from netdiag.paths.apply import PathsAnalysis
 from netdiag.paths.budget import MAX_DIRECT_PAIRS, HopBudget, PathBudget
+from netdiag.paths.shown import PATHS_SHOWN, PathSize, not_shown_sentence, shown_names
 from netdiag.records import Connection
 from netdiag.textsafe import SENTENCE_LIMIT, safe_cell, safe_markup, safe_text
 
@@ -83,37 +84,23 @@ def hop_tree(b: PathBudget, profile_path: bool) -> Any:
     return tree
 
 
-PATHS_SHOWN = 12
-"""Most paths a terminal shows one by one (in the attribution line, the latency budget,
-the hop trees and the load over time); the rest are counted in one line. Without a
-profile every server is a path of its own, and a capture of a host that talked to
-thousands of servers would print a table per few paths (``--format json`` has every
-path)."""
+def _sizes(budgets: Sequence[PathBudget]) -> list[PathSize]:
+    return [PathSize(b.name, b.inferred, b.multi_hop, b.requests) for b in budgets]
 
 
 def shown_paths(budgets: Sequence[PathBudget], limit: int = PATHS_SHOWN) -> list[PathBudget]:
-    """The paths a terminal shows, in name order: all of them when at most ``limit``,
-    else those a profile names, then those through a proxy, then those with the most
-    client requests (ties by name), ``limit`` in all."""
-    if len(budgets) <= limit:
-        return sorted(budgets, key=lambda b: b.name)
-    ranked = sorted(budgets, key=lambda b: (b.inferred, not b.multi_hop, -b.requests, b.name))
-    return sorted(ranked[:limit], key=lambda b: b.name)
+    """The paths a terminal shows (:func:`netdiag.paths.shown.shown_names`), in name
+    order."""
+    names = shown_names(_sizes(budgets), limit)
+    return sorted((b for b in budgets if b.name in names), key=lambda b: b.name)
 
 
 def not_shown_line(budgets: Sequence[PathBudget], shown: Sequence[PathBudget]) -> Any:
     """One dim line for the paths :func:`shown_paths` left out (None when none was)."""
     from rich.text import Text
 
-    if len(shown) >= len(budgets):
-        return None
-    names = {b.name for b in shown}
-    rest = [b for b in budgets if b.name not in names]
-    requests = sum(b.requests for b in rest)
-    return Text(f"{len(rest):,} more path{'s' if len(rest) != 1 else ''} with "
-                f"{requests:,} client request{'s' if requests != 1 else ''} not shown: "
-                f"the {len(shown)} shown are those a profile names, through a proxy, or "
-                "with the most requests; --format json has every path", style="dim")
+    sentence = not_shown_sentence(_sizes(budgets), {b.name for b in shown})
+    return None if sentence is None else Text(sentence, style="dim")
 
 
 PHASE_ROWS = (("dns", "DNS lookup"), ("tcp", "TCP handshake"), ("tls", "TLS handshake"))

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from netdiag.paths.shown import PATHS_SHOWN, PathSize, not_shown_sentence, shown_names
 from netdiag.report.har import attribute_dns, handshake_seen, is_http, split_endpoint
 from netdiag.report.json_out import Records
 from netdiag.report.svg import (
@@ -71,13 +72,6 @@ MAX_LOAD_PATHS = SERIES
 """Paths drawn in the Load section (their colours stay distinct); the others are named."""
 NO_PATH = "no path"
 """How the time series of requests on no path (key ``null``) is named."""
-MAX_PATHS = 12
-"""Paths the page shows one by one (the latency budget's table and bars, the time to
-first byte's charts): all of them when this many or fewer, else those a profile names,
-then those through a proxy, then those with the most client requests; the others are
-counted. Without a profile every server is a path of its own: a capture of 50,000
-servers made a 142 MB page, its histograms' cost growing with the square of the
-servers (``--format json`` has every path)."""
 METRIC_WORDS = {"ttfb_p99": "p99 time to first byte", "ttfb_p50": "p50 time to first byte"}
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -634,25 +628,19 @@ def _dig(d: object, path: Sequence[str]) -> object:
 
 
 def _shown_paths(paths: dict[str, dict[str, Any]]) -> tuple[list[str], str]:
-    """The names of the paths the page shows (:data:`MAX_PATHS`), in the document's
-    order, and a note on those it leaves out ("" when none)."""
-    names = list(paths)
-    if len(names) <= MAX_PATHS:
-        return names, ""
+    """The names of the paths the page shows (:func:`netdiag.paths.shown.shown_names`),
+    in the document's order, and a note on those it leaves out ("" when none)."""
 
     def requests(n: str) -> int:
         r = paths[n].get("requests")
         return r if isinstance(r, int) and not isinstance(r, bool) else 0
 
-    keep = set(sorted(names, key=lambda n: (paths[n].get("inferred") is not False,
-                                            len(_l(paths[n].get("hops"))) <= 1,
-                                            -requests(n), n))[:MAX_PATHS])
-    rest = [n for n in names if n not in keep]
-    left = sum(requests(n) for n in rest)
-    return [n for n in names if n in keep], (
-        f'<p class="note">{len(rest):,} more paths with {left:,} client requests not '
-        f"shown: the {MAX_PATHS} shown are those a profile names, through a proxy, or with "
-        "the most requests; --format json has every path.</p>")
+    sizes = [PathSize(n, p.get("inferred") is not False, len(_l(p.get("hops"))) > 1,
+                      requests(n)) for n, p in paths.items()]
+    keep = shown_names(sizes)
+    sentence = not_shown_sentence(sizes, keep)
+    return ([n for n in paths if n in keep],
+            "" if sentence is None else f'<p class="note">{esc(sentence)}.</p>')
 
 
 def _paths(doc: dict[str, Any]) -> str:
@@ -877,7 +865,7 @@ def _load(doc: dict[str, Any]) -> str:
                      + chart + (f'<ul class="cmp">{"".join(items)}</ul>' if items else ""))
     more = ""
     if hidden:
-        named = [n for _, n, _, _ in hidden[:MAX_PATHS]]
+        named = [n for _, n, _, _ in hidden[:PATHS_SHOWN]]
         if len(hidden) > len(named):
             named.append(f"and {len(hidden) - len(named):,} more")
         more = ('<p class="note">Not drawn (the first ' f"{MAX_LOAD_PATHS} paths are): "

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from netdiag.paths.budget import PathBudget
-from netdiag.paths.render import PATHS_SHOWN, shown_paths
+from netdiag.paths.render import shown_paths
+from netdiag.paths.shown import PATHS_SHOWN
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -123,22 +124,20 @@ def test_named_paths_then_proxies_then_the_busiest() -> None:
 
 
 def test_the_html_page_shows_the_busiest_paths_and_counts_the_rest(many: Path) -> None:
-    from netdiag.report.html import MAX_PATHS
-
     page = _run("report", str(many), "--no-profile", "--format", "html")
     budget = page[page.index('<section id="paths">'):]
     budget = budget[:budget.index("</section>")]
     ttfb = page[page.index('<section id="ttfb">'):]
     ttfb = ttfb[:ttfb.index("</section>")]
     n = SERVERS
-    for s in range(n - MAX_PATHS, n):
+    for s in range(n - PATHS_SHOWN, n):
         assert _server(s) in budget and _server(s) in ttfb
-    for s in range(n - MAX_PATHS):
+    for s in range(n - PATHS_SHOWN):
         assert _server(s) not in budget and _server(s) not in ttfb
-    left = sum(s + 1 for s in range(n - MAX_PATHS))
-    note = f"{n - MAX_PATHS} more paths with {left} client requests not shown"
+    left = sum(s + 1 for s in range(n - PATHS_SHOWN))
+    note = f"{n - PATHS_SHOWN} more paths with {left} client requests not shown"
     assert note in budget and note in ttfb
-    assert ttfb.count("histogram of time to first byte") == MAX_PATHS
+    assert ttfb.count("histogram of time to first byte") == PATHS_SHOWN
 
 
 def test_the_attribution_line_names_the_paths_shown_below_it_first() -> None:
