@@ -218,12 +218,12 @@ def _findings(findings: list[Any]) -> Group | Table:
     return t
 
 
-def _paths(paths: Any, connections: Any, shown: list[Any]) -> list[Any]:
-    """The path section: attribution, latency budget per path (``shown``: of
-    :func:`netdiag.paths.render.shown_paths`), and the differences."""
+def _paths(paths: Any, connections: Any, budgets: list[Any], shown: list[Any]) -> list[Any]:
+    """The path section: attribution, latency budget per path (``budgets``: those with
+    client requests; ``shown``: of :func:`netdiag.paths.render.shown_paths`), and the
+    differences."""
     from netdiag.paths.render import attribution_line, budget_table, differences, not_shown_line
 
-    budgets = [b for b in paths.budgets.values() if b.roots]
     out: list[Any] = [Text("Paths", style="bold"),
                       Text(attribution_line(connections, first={b.name for b in shown}))]
     if budgets:
@@ -426,6 +426,7 @@ def render(result: Result, console: Console, paths: Any = None,
     console.print(_latency_table(s))
     console.print(_counts(s))
     console.print(_reuse_line(result, s))
+    budgets: list[Any] = []
     shown: list[Any] = []
     only = None  # the paths the load section draws: every one unless some are left out
     if paths is not None:
@@ -436,7 +437,7 @@ def render(result: Result, console: Console, paths: Any = None,
         if len(shown) < len(budgets):
             only = {b.name for b in shown}
     if paths is not None and connections:
-        for part in _paths(paths, connections, shown):
+        for part in _paths(paths, connections, budgets, shown):
             console.print(part)
     if paths is not None:
         load = load_section(getattr(paths, "timeseries", None), getattr(paths, "knees", None),
